@@ -1,0 +1,153 @@
+"""Explanations from the real model: forced decoding and one head's attention, step by step.
+
+`forced_decode` runs the decoder over a given target (teacher forcing) and returns the
+same cross-attention maps and token log-probabilities the search produced for it.
+`attention_steps` opens one head of one layer at one query position and lays out the
+arithmetic of the seed paper: X → Q, K, V → Q·Kᵀ → ÷√d_k → softmax → Σ weights·V,
+with every number taken from the model's own weights and activations.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from model.errors import InvalidInputError
+from model.transformer import MultiHeadAttention, Transformer
+
+KINDS = ("cross", "encoder_self")
+
+
+@dataclass
+class ForcedDecode:
+    source_ids: list[int]
+    target_ids: list[int]
+    token_logprobs: list[float]  # log-probability of each target id given its prefix
+    cross_attention: Tensor  # (decoder_layers, heads, T, S)
+    encoder_self_attention: Tensor  # (encoder_layers, heads, S, S)
+
+
+@dataclass
+class AttentionSteps:
+    """One head's attention for one query, as a classroom walk-through with real numbers."""
+
+    kind: str
+    layer: int
+    head: int
+    position: int  # query position (target index for cross, source index for encoder_self)
+    d_k: int
+    x_query: Tensor  # (d_model,) the input vector the query is projected from
+    x: Tensor  # (S, d_model) the input vectors keys and values are projected from
+    q: Tensor  # (d_k,)
+    k: Tensor  # (S, d_k)
+    v: Tensor  # (S, d_k)
+    scores: Tensor  # (S,) q · kᵀ
+    scaled_scores: Tensor  # (S,) scores / √d_k
+    weights: Tensor  # (S,) softmax(scaled_scores)
+    output: Tensor  # (d_k,) Σ weights · v
+
+
+@contextmanager
+def _capture_inputs(module: torch.nn.Module, store: list):
+    handle = module.register_forward_pre_hook(lambda _module, args: store.append(args[0].detach()))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _check_ids(model: Transformer, source_ids: list[int], target_ids: list[int]) -> None:
+    config = model.config
+    if not source_ids or not target_ids:
+        raise InvalidInputError("source and target must each have at least one token")
+    if max(len(source_ids), len(target_ids)) > config.max_position_embeddings:
+        raise InvalidInputError(f"sequences are limited to {config.max_position_embeddings} tokens")
+    if any(not 0 <= i < config.vocab_size for i in source_ids) or any(
+        not 0 <= i < config.target_vocab_size for i in target_ids
+    ):
+        raise InvalidInputError("token id outside the vocabulary")
+
+
+@torch.inference_mode()
+def forced_decode(model: Transformer, source_ids: list[int], target_ids: list[int]) -> ForcedDecode:
+    """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs."""
+    _check_ids(model, source_ids, target_ids)
+    config = model.config
+    device = model.final_logits_bias.device
+    source = torch.tensor([source_ids], device=device)
+    mask = torch.ones_like(source, dtype=torch.bool)
+    decoder_input = torch.tensor([[config.decoder_start_token_id, *target_ids[:-1]]], device=device)
+    encoder = model.encode(source, mask, need_weights=True)
+    hidden, cross = model.decode(decoder_input, encoder, need_weights=True)
+    logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
+    chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
+    return ForcedDecode(
+        list(source_ids),
+        list(target_ids),
+        chosen.tolist(),
+        torch.stack([c[0] for c in cross]).float().cpu(),  # (L, h, T, S)
+        torch.stack([a[0] for a in encoder.self_attention]).float().cpu(),  # (L, h, S, S)
+    )
+
+
+def _head_projection(linear: torch.nn.Linear, x: Tensor, head: int, d_k: int) -> Tensor:
+    """The slice of a projection that belongs to one head: x Wᵀ + b, columns head·d_k … (head+1)·d_k."""
+    rows = slice(head * d_k, (head + 1) * d_k)
+    return x @ linear.weight[rows].float().T + linear.bias[rows].float()
+
+
+@torch.inference_mode()
+def attention_steps(
+    model: Transformer,
+    source_ids: list[int],
+    target_ids: list[int],
+    kind: str = "cross",
+    layer: int = 0,
+    head: int = 0,
+    position: int = 0,
+) -> AttentionSteps:
+    """Recompute one head's attention from the captured layer inputs, step by step, in float32."""
+    _check_ids(model, source_ids, target_ids)
+    config = model.config
+    if kind not in KINDS:
+        raise InvalidInputError(f"kind must be one of {', '.join(KINDS)}")
+    layers = config.decoder_layers if kind == "cross" else config.encoder_layers
+    heads = config.decoder_attention_heads if kind == "cross" else config.encoder_attention_heads
+    queries = len(target_ids) if kind == "cross" else len(source_ids)
+    for name, value, limit in (("layer", layer, layers), ("head", head, heads), ("position", position, queries)):
+        if not isinstance(value, int) or not 0 <= value < limit:
+            raise InvalidInputError(f"{name} must be between 0 and {limit - 1}")
+
+    device = model.final_logits_bias.device
+    source = torch.tensor([source_ids], device=device)
+    mask = torch.ones_like(source, dtype=torch.bool)
+    decoder_input = torch.tensor([[config.decoder_start_token_id, *target_ids[:-1]]], device=device)
+    captured: list[Tensor] = []
+    if kind == "cross":
+        attention: MultiHeadAttention = model.decoder_layers[layer].encoder_attn
+        with _capture_inputs(attention, captured):
+            encoder = model.encode(source, mask)
+            model.decode(decoder_input, encoder)
+        x_query = captured[0][0, position].float()  # decoder state entering cross-attention
+        x = encoder.hidden[0].float()  # encoder output: what keys and values are made from
+    else:
+        attention = model.encoder_layers[layer].self_attn
+        with _capture_inputs(attention, captured):
+            model.encode(source, mask)
+        x = captured[0][0].float()  # the layer's input vectors
+        x_query = x[position]
+
+    d_k = attention.d_k
+    q = _head_projection(attention.q_proj, x_query, head, d_k)  # (d_k,)
+    k = _head_projection(attention.k_proj, x, head, d_k)  # (S, d_k)
+    v = _head_projection(attention.v_proj, x, head, d_k)  # (S, d_k)
+    scores = k @ q  # (S,)  q · kᵀ for every key
+    scaled_scores = scores / math.sqrt(d_k)
+    weights = torch.softmax(scaled_scores, dim=-1)
+    output = weights @ v  # (d_k,)
+    return AttentionSteps(kind, layer, head, position, d_k, x_query.cpu(), x.cpu(), q.cpu(), k.cpu(), v.cpu(),
+                          scores.cpu(), scaled_scores.cpu(), weights.cpu(), output.cpu())

@@ -1,0 +1,159 @@
+"""Sentencepiece tokenization with Marian vocabularies, id-for-id with transformers' MarianTokenizer.
+
+Source text → source.spm pieces → vocab.json ids (unknown pieces → <unk>) + </s>.
+Target ids → vocabulary pieces → target.spm detokenization. When the vocabularies
+are separate, the target side reads target_vocab.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece
+
+from model.errors import CheckpointError
+
+WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", a space before the piece
+EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
+
+
+def _load_vocab(path: Path) -> dict[str, int]:
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name} is missing in {path.parent}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+        raise CheckpointError(f"{path} must map pieces to integer ids")
+    if UNK not in vocab or EOS not in vocab:
+        raise CheckpointError(f"{path} must contain {UNK} and {EOS}")
+    return vocab
+
+
+def _load_spm(path: Path) -> sentencepiece.SentencePieceProcessor:
+    if not path.is_file():
+        raise CheckpointError(f"{path.name} is missing in {path.parent}")
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.Load(str(path))
+    except (OSError, RuntimeError) as error:
+        raise CheckpointError(f"{path} is not a sentencepiece model: {error}") from None
+    return processor
+
+
+def _is_cjk(character: str) -> bool:
+    code = ord(character)
+    return (
+        0x3400 <= code <= 0x9FFF
+        or 0xF900 <= code <= 0xFAFF
+        or 0x3000 <= code <= 0x303F
+        or 0xFF00 <= code <= 0xFFEF
+        or 0x20000 <= code <= 0x2FA1F
+    )
+
+
+def word_groups(pieces: list[str]) -> list[list[int]]:
+    """Group piece indices into words: a new word at each "▁" and around CJK characters.
+
+    Chinese has no spaces, so each piece made of CJK characters is its own word; a
+    special token (</s>) is its own word too.
+    """
+    groups: list[list[int]] = []
+    previous_cjk = False
+    for index, piece in enumerate(pieces):
+        special = piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+        text = piece.lstrip(WORD_BOUNDARY)
+        cjk = bool(text) and all(_is_cjk(c) for c in text)
+        starts_word = not groups or special or piece.startswith(WORD_BOUNDARY) or cjk or previous_cjk
+        if starts_word:
+            groups.append([index])
+        else:
+            groups[-1].append(index)
+        previous_cjk = cjk or special
+    return groups
+
+
+@dataclass
+class MarianTokenizer:
+    """Source and target sentencepiece models plus their Marian vocabularies."""
+
+    source_spm: sentencepiece.SentencePieceProcessor
+    target_spm: sentencepiece.SentencePieceProcessor
+    source_vocab: dict[str, int]
+    target_vocab: dict[str, int]
+
+    def __post_init__(self) -> None:
+        self.target_pieces = {i: piece for piece, i in self.target_vocab.items()}
+        self.source_pieces = {i: piece for piece, i in self.source_vocab.items()}
+        self.eos_id = self.source_vocab[EOS]
+        self.source_unk_id = self.source_vocab[UNK]
+        self.target_unk_id = self.target_vocab[UNK]
+        self.special_ids = {self.target_vocab[t] for t in (EOS, UNK, PAD) if t in self.target_vocab}
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> MarianTokenizer:
+        directory = Path(directory)
+        source_vocab = _load_vocab(directory / "vocab.json")
+        separate = (directory / "target_vocab.json").is_file()
+        config_path = directory / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                separate = bool(json.loads(config_path.read_text(encoding="utf-8")).get("separate_vocabs", separate))
+            except json.JSONDecodeError as error:
+                raise CheckpointError(f"{config_path} is not valid JSON: {error}") from None
+        target_vocab = _load_vocab(directory / "target_vocab.json") if separate else source_vocab
+        return cls(
+            _load_spm(directory / "source.spm"), _load_spm(directory / "target.spm"), source_vocab, target_vocab
+        )
+
+    # ---- source side ------------------------------------------------------------------
+    def source_pieces_of(self, text: str) -> list[str]:
+        """Sentencepiece pieces of a source text; a leading >>lang<< code stays one piece."""
+        code = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = [text[: end + 2]], text[end + 2 :]
+        return code + self.source_spm.encode(text, out_type=str)
+
+    def encode_source(self, text: str) -> list[int]:
+        """Vocabulary ids of a source text followed by </s>, as MarianTokenizer gives them."""
+        ids = [self.source_vocab.get(piece, self.source_unk_id) for piece in self.source_pieces_of(text)]
+        return ids + [self.eos_id]
+
+    def source_tokens(self, ids: list[int]) -> list[str]:
+        return [self.source_pieces.get(i, UNK) for i in ids]
+
+    # ---- target side ------------------------------------------------------------------
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side ids of a given translation followed by </s> (for forced decoding)."""
+        pieces = self.target_spm.encode(text, out_type=str)
+        return [self.target_vocab.get(piece, self.target_unk_id) for piece in pieces] + [self.target_vocab[EOS]]
+
+    def target_tokens(self, ids: list[int]) -> list[str]:
+        return [self.target_pieces.get(i, UNK) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        """Target ids → text, special tokens dropped (MarianTokenizer's decode with skip_special_tokens)."""
+        pieces = [self.target_pieces.get(i, UNK) for i in ids if i not in self.special_ids]
+        return self.target_spm.decode_pieces(pieces).replace(WORD_BOUNDARY, " ").strip()
+
+    def save_vocabularies(self, directory: str | Path) -> None:
+        """Write vocab.json (and target_vocab.json when separate) plus tokenizer_config.json."""
+        directory = Path(directory)
+        separate = self.source_vocab is not self.target_vocab and self.source_vocab != self.target_vocab
+        (directory / "vocab.json").write_text(json.dumps(self.source_vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+        if separate:
+            (directory / "target_vocab.json").write_text(
+                json.dumps(self.target_vocab, ensure_ascii=False, indent=1), encoding="utf-8"
+            )
+        tokenizer_config = {
+            "tokenizer_class": "MarianTokenizer",
+            "separate_vocabs": separate,
+            "eos_token": EOS,
+            "unk_token": UNK,
+            "pad_token": PAD,
+            "model_max_length": 512,
+        }
+        (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")

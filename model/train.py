@@ -1,0 +1,474 @@
+"""Train a Marian-format translation model from tab-separated parallel text.
+
+    python -m model.train --train train.tsv --dev dev.tsv --source-column 0 --target-column 1 \\
+        --work runs/en-zh --output model/pretrained/en-zh
+
+Trains sentencepiece tokenizers for both sides, then the same `Transformer` that serves,
+with label smoothing, Adam with warmup and inverse-square-root decay, token-based
+batches from length buckets, gradient clipping and dropout. Every epoch it evaluates
+on the dev file with sacrebleu (BLEU and chrF; multi-reference where a dev source has
+several translations), keeps the best checkpoint and writes a resumable training state
+(safetensors + JSON, never pickle). Re-running the same command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sentencepiece
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from model.checkpoint import load_state, marian_name, save_model
+from model.config import ModelConfig
+from model.search import beam_search
+from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
+from model.transformer import Transformer
+
+logger = logging.getLogger("model.train")
+
+
+@dataclass
+class TrainingOptions:
+    train: str
+    dev: str | None
+    work: str
+    output: str | None
+    source_column: int = 0
+    target_column: int = 1
+    source_vocab_size: int = 8000
+    target_vocab_size: int = 8000
+    source_character_coverage: float = 1.0
+    target_character_coverage: float = 0.9995
+    d_model: int = 256
+    heads: int = 4
+    ffn_dim: int = 1024
+    encoder_layers: int = 6
+    decoder_layers: int = 3
+    activation: str = "swish"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    learning_rate: float = 1e-3
+    warmup_steps: int = 500
+    batch_tokens: int = 2000
+    max_length: int = 96
+    clip_norm: float = 1.0
+    epochs: int = 30
+    max_steps: int = 0
+    max_minutes: float = 0.0
+    average_last: int = 3
+    bleu_tokenize: str = "13a"
+    eval_limit: int = 0
+    seed: int = 1234
+    threads: int = 0
+    bf16: bool = False
+    checkpoint_minutes: float = 10.0
+    save_dtype: str = "float16"
+
+
+# ---- data ---------------------------------------------------------------------------
+def read_pairs(path: str, source_column: int, target_column: int) -> list[tuple[str, str]]:
+    """Read (source, target) pairs from a TSV file; lines missing a column are skipped."""
+    pairs = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            columns = line.rstrip("\n").split("\t")
+            if len(columns) <= max(source_column, target_column):
+                continue
+            source, target = columns[source_column].strip(), columns[target_column].strip()
+            if source and target:
+                pairs.append((source, target))
+    return pairs
+
+
+def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage: float, seed: int) -> None:
+    """Unigram sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>)."""
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(path.with_suffix("")),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=coverage,
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        num_threads=1,
+    )
+    path.with_suffix(".model").rename(path)
+    path.with_suffix(".vocab").unlink(missing_ok=True)
+
+
+def marian_vocab(spm_path: Path) -> dict[str, int]:
+    """</s>=0, <unk>=1, <pad>=2, then every sentencepiece piece in order."""
+    processor = sentencepiece.SentencePieceProcessor()
+    processor.Load(str(spm_path))
+    vocab = {EOS: 0, UNK: 1, PAD: 2}
+    for index in range(processor.GetPieceSize()):
+        piece = processor.IdToPiece(index)
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    return vocab
+
+
+def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], work: Path) -> MarianTokenizer:
+    spm_dir = work / "tokenizer"
+    spm_dir.mkdir(parents=True, exist_ok=True)
+    for side, index, size, coverage in (
+        ("source", 0, options.source_vocab_size, options.source_character_coverage),
+        ("target", 1, options.target_vocab_size, options.target_character_coverage),
+    ):
+        path = spm_dir / f"{side}.spm"
+        if not path.exists():
+            logger.info("training %s sentencepiece model (%d pieces)", side, size)
+            train_sentencepiece([pair[index] for pair in pairs], path, size, coverage, options.seed)
+    for side in ("source", "target"):
+        vocab_path = spm_dir / f"{side}_vocab.json"
+        if not vocab_path.exists():
+            vocab_path.write_text(json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8")
+    load = sentencepiece.SentencePieceProcessor
+    source_spm, target_spm = load(), load()
+    source_spm.Load(str(spm_dir / "source.spm"))
+    target_spm.Load(str(spm_dir / "target.spm"))
+    return MarianTokenizer(
+        source_spm,
+        target_spm,
+        json.loads((spm_dir / "source_vocab.json").read_text(encoding="utf-8")),
+        json.loads((spm_dir / "target_vocab.json").read_text(encoding="utf-8")),
+    )
+
+
+def make_batches(examples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Token-based batches: sort by length (with noise), cut where padded size would exceed batch_tokens."""
+    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][1]) + rng.random(), len(examples[i][0])))
+    batches, current, longest = [], [], 0
+    for index in order:
+        source, target = examples[index]
+        size = max(longest, len(source), len(target) + 1)
+        if current and size * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, size = [], max(len(source), len(target) + 1)
+        current.append(index)
+        longest = size
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], config: ModelConfig):
+    pad = config.pad_token_id
+    sources = [examples[i][0] for i in indices]
+    targets = [examples[i][1] for i in indices]
+    source_width = max(map(len, sources))
+    target_width = max(map(len, targets))
+    source_ids = torch.full((len(indices), source_width), pad, dtype=torch.long)
+    decoder_input = torch.full((len(indices), target_width), pad, dtype=torch.long)
+    labels = torch.full((len(indices), target_width), -100, dtype=torch.long)
+    for row, (source, target) in enumerate(zip(sources, targets)):
+        source_ids[row, : len(source)] = torch.tensor(source)
+        decoder_input[row, 0] = config.decoder_start_token_id
+        decoder_input[row, 1 : len(target)] = torch.tensor(target[:-1])
+        labels[row, : len(target)] = torch.tensor(target)
+    source_mask = torch.arange(source_width)[None, :] < torch.tensor([len(s) for s in sources])[:, None]
+    return source_ids, source_mask, decoder_input, labels
+
+
+# ---- evaluation ---------------------------------------------------------------------
+def dev_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:
+    """Group dev pairs by source: unique sources and, per source, all its reference translations."""
+    grouped: OrderedDict[str, list[str]] = OrderedDict()
+    for source, target in pairs:
+        grouped.setdefault(source, []).append(target)
+    return list(grouped), list(grouped.values())
+
+
+def score_translations(hypotheses: list[str], references: list[list[str]], tokenize: str) -> dict[str, float]:
+    import sacrebleu  # a training-time dependency only
+
+    width = max(map(len, references))
+    streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+    bleu = sacrebleu.corpus_bleu(hypotheses, streams, tokenize=tokenize)
+    chrf = sacrebleu.corpus_chrf(hypotheses, streams)
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2)}
+
+
+def translate_all(model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64) -> list[str]:
+    model.eval()
+    outputs = []
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    results: dict[int, str] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids = [tokenizer.encode_source(texts[i])[: model.config.max_position_embeddings] for i in chunk]
+        for index, hypotheses in zip(chunk, beam_search(model, ids, beam_size=beam_size)):
+            results[index] = tokenizer.decode(hypotheses[0].token_ids)
+    outputs = [results[i] for i in range(len(texts))]
+    return outputs
+
+
+def evaluate(model: Transformer, tokenizer: MarianTokenizer, sources: list[str], references: list[list[str]], tokenize: str, beam_size: int = 1) -> dict[str, float]:
+    hypotheses = translate_all(model, tokenizer, sources, beam_size)
+    return score_translations(hypotheses, references, tokenize)
+
+
+# ---- resumable state (safetensors + JSON, no pickle) ---------------------------------
+def save_training_state(path: Path, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file({name: t.detach().contiguous() for name, t in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    optimizer_state = optimizer.state_dict()
+    tensors = {}
+    for index, values in optimizer_state["state"].items():
+        for key, value in values.items():
+            tensors[f"{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    (tmp / "state.json").write_text(
+        json.dumps({**state, "param_groups": optimizer_state["param_groups"]}, indent=1), encoding="utf-8"
+    )
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def load_training_state(path: Path, model: Transformer, optimizer: torch.optim.Optimizer) -> dict:
+    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    tensors = load_file(str(path / "optimizer.safetensors"))
+    grouped: dict[int, dict] = {}
+    for name, value in tensors.items():
+        index, key = name.split(".", 1)
+        grouped.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": grouped, "param_groups": state.pop("param_groups")})
+    return state
+
+
+def average_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        for name, tensor in load_file(str(path)).items():
+            total[name] = total.get(name, 0) + tensor.double()
+    return {name: (tensor / len(paths)).float() for name, tensor in total.items()}
+
+
+def export(model: Transformer, tokenizer: MarianTokenizer, work: Path, output: Path, dtype: torch.dtype | None) -> None:
+    """Write a Marian directory: config, weights, both sentencepiece models, vocabularies."""
+    output.mkdir(parents=True, exist_ok=True)
+    save_model(model, output, dtype=dtype)
+    shutil.copy(work / "tokenizer" / "source.spm", output / "source.spm")
+    shutil.copy(work / "tokenizer" / "target.spm", output / "target.spm")
+    tokenizer.save_vocabularies(output)
+
+
+# ---- training -----------------------------------------------------------------------
+def build_config(options: TrainingOptions, tokenizer: MarianTokenizer) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=len(tokenizer.source_vocab),
+        decoder_vocab_size=len(tokenizer.target_vocab),
+        share_encoder_decoder_embeddings=False,
+        tie_word_embeddings=True,
+        d_model=options.d_model,
+        encoder_layers=options.encoder_layers,
+        decoder_layers=options.decoder_layers,
+        encoder_attention_heads=options.heads,
+        decoder_attention_heads=options.heads,
+        encoder_ffn_dim=options.ffn_dim,
+        decoder_ffn_dim=options.ffn_dim,
+        activation_function=options.activation,
+        scale_embedding=True,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.target_vocab[PAD],
+        eos_token_id=tokenizer.target_vocab[EOS],
+        decoder_start_token_id=tokenizer.target_vocab[PAD],
+        dropout=options.dropout,
+        attention_dropout=options.attention_dropout,
+    )
+
+
+def learning_rate(step: int, options: TrainingOptions) -> float:
+    """Linear warmup to the peak, then decay with the inverse square root of the step."""
+    step = max(step, 1)
+    return options.learning_rate * min(step / options.warmup_steps, math.sqrt(options.warmup_steps / step))
+
+
+def train(options: TrainingOptions) -> dict:
+    work = Path(options.work)
+    work.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(work / "train.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.getLogger("model").addHandler(handler)
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    (work / "options.json").write_text(json.dumps(asdict(options), indent=1), encoding="utf-8")
+    random.seed(options.seed)
+    torch.manual_seed(options.seed)
+
+    pairs = read_pairs(options.train, options.source_column, options.target_column)
+    logger.info("read %d training pairs from %s", len(pairs), options.train)
+    tokenizer = prepare_tokenizer(options, pairs, work)
+    examples = []
+    for source, target in pairs:
+        source_ids, target_ids = tokenizer.encode_source(source), tokenizer.encode_target(target)
+        if len(source_ids) <= options.max_length and len(target_ids) <= options.max_length:
+            examples.append((source_ids, target_ids))
+    dev_sources, dev_refs = [], []
+    if options.dev:
+        dev_sources, dev_refs = dev_references(read_pairs(options.dev, options.source_column, options.target_column))
+        if options.eval_limit:
+            dev_sources, dev_refs = dev_sources[: options.eval_limit], dev_refs[: options.eval_limit]
+
+    config = build_config(options, tokenizer)
+    model = Transformer(config)
+    for name, parameter in model.named_parameters():
+        if parameter.dim() > 1:
+            torch.nn.init.xavier_uniform_(parameter) if "embed" not in name else torch.nn.init.normal_(parameter, 0, config.d_model**-0.5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+    state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
+    resume_path = work / "last"
+    if (resume_path / "state.json").exists():
+        state = load_training_state(resume_path, model, optimizer)
+        logger.info("resumed from %s at epoch %d step %d", resume_path, state["epoch"], state["step"])
+    logger.info(
+        "model: %d parameters, %d training examples, %d dev sources",
+        sum(p.numel() for p in model.parameters()), len(examples), len(dev_sources),
+    )
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are a convenience, not a requirement
+        tqdm = None
+    started = time.monotonic() - state["seconds"]
+    last_checkpoint = time.monotonic()
+    stop = False
+    while state["epoch"] < options.epochs and not stop:
+        epoch = state["epoch"]
+        batches = make_batches(examples, options.batch_tokens, random.Random(options.seed + epoch))
+        model.train()
+        progress = tqdm(total=len(batches), initial=state["batch_in_epoch"], desc=f"epoch {epoch + 1}", mininterval=10) if tqdm else None
+        running_loss, running_tokens = 0.0, 0
+        for batch_index in range(state["batch_in_epoch"], len(batches)):
+            source_ids, source_mask, decoder_input, labels = collate(examples, batches[batch_index], config)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(state["step"] + 1, options)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+                logits = model(source_ids, source_mask, decoder_input)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
+                label_smoothing=options.label_smoothing, reduction="sum",
+            )
+            tokens = int((labels != -100).sum())
+            optimizer.zero_grad(set_to_none=True)
+            (loss / tokens).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
+            optimizer.step()
+            state["step"] += 1
+            state["batch_in_epoch"] = batch_index + 1
+            running_loss += float(loss)
+            running_tokens += tokens
+            if progress:
+                progress.update(1)
+                progress.set_postfix(loss=f"{running_loss / running_tokens:.3f}", refresh=False)
+            if state["step"] % 50 == 0:
+                logger.info("epoch %d step %d loss %.4f lr %.2e", epoch + 1, state["step"], running_loss / running_tokens, optimizer.param_groups[0]["lr"])
+            elapsed = time.monotonic() - started
+            out_of_time = options.max_minutes and elapsed > options.max_minutes * 60
+            out_of_steps = options.max_steps and state["step"] >= options.max_steps
+            if out_of_time or out_of_steps:
+                stop = True
+                break
+            if time.monotonic() - last_checkpoint > options.checkpoint_minutes * 60:
+                state["seconds"] = elapsed
+                save_training_state(resume_path, model, optimizer, state)
+                last_checkpoint = time.monotonic()
+        if progress:
+            progress.close()
+        epoch_loss = running_loss / max(running_tokens, 1)
+        finished_epoch = state["batch_in_epoch"] >= len(batches)
+        record = {"epoch": epoch + 1, "step": state["step"], "train_loss": round(epoch_loss, 4), "minutes": round((time.monotonic() - started) / 60, 1)}
+        if finished_epoch:
+            if dev_sources:
+                record.update(evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize))
+                if record["bleu"] > state["best_bleu"]:
+                    state["best_bleu"] = record["bleu"]
+                    save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(work / "best.safetensors"))
+            save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(work / f"epoch-{epoch + 1:03d}.safetensors"))
+            for old in sorted(work.glob("epoch-*.safetensors"))[: -max(options.average_last, 1)]:
+                old.unlink()
+            state["epoch"] += 1
+            state["batch_in_epoch"] = 0
+        state["history"].append(record)
+        logger.info("epoch summary %s", json.dumps(record))
+        state["seconds"] = time.monotonic() - started
+        save_training_state(resume_path, model, optimizer, state)
+        last_checkpoint = time.monotonic()
+
+    return finish(options, model, tokenizer, work, state, dev_sources, dev_refs)
+
+
+def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_refs) -> dict:
+    """Pick the best of (best epoch, average of the last epochs, last weights) on dev and export it."""
+    candidates = {"last": {n: t.clone() for n, t in model.state_dict().items()}}
+    if (work / "best.safetensors").exists():
+        candidates["best"] = load_file(str(work / "best.safetensors"))
+    epochs = sorted(work.glob("epoch-*.safetensors"))[-options.average_last :]
+    if options.average_last > 1 and len(epochs) > 1:
+        candidates["average"] = average_weights(epochs)
+    scores = {}
+    for name, weights in candidates.items():
+        model.load_state_dict(weights, strict=False)
+        scores[name] = evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize) if dev_sources else {"bleu": 0.0}
+        logger.info("candidate %s: %s", name, scores[name])
+    chosen = max(scores, key=lambda n: scores[n]["bleu"])
+    model.load_state_dict(candidates[chosen], strict=False)
+    summary = {"chosen": chosen, "greedy": scores[chosen], "candidates": scores, "steps": state["step"], "epochs": state["epoch"], "minutes": round(state["seconds"] / 60, 1)}
+    if dev_sources:
+        summary["beam4"] = evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize, beam_size=4)
+    if options.output:
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}[options.save_dtype]
+        export(model, tokenizer, work, Path(options.output), dtype)
+    (work / "summary.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=1), encoding="utf-8")
+    logger.info("finished: %s", json.dumps(summary))
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> TrainingOptions:
+    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = TrainingOptions(train="", dev=None, work="", output=None)
+    parser.add_argument("--train", required=True, help="TSV with source, target (and optional attribution) columns")
+    parser.add_argument("--dev", help="TSV in the same layout, for model selection")
+    parser.add_argument("--work", required=True, help="directory for checkpoints, logs and tokenizers (resumes from it)")
+    parser.add_argument("--output", help="Marian-format directory to write the final model to")
+    for field_name, value in asdict(defaults).items():
+        if field_name in ("train", "dev", "work", "output"):
+            continue
+        flag = "--" + field_name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            parser.add_argument(flag, type=type(value), default=value)
+    return TrainingOptions(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    summary = train(parse_args(argv))
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The public engine API: load a Marian directory, translate, and say which source words produced which output.
+
+    tr = Translator.from_pretrained("en-zh")          # a shipped model by name, or a directory
+    out = tr.translate(["The cat sat."], beam_size=4, return_attention=True)
+    out[0].text, out[0].alignment, out[0].cross_attention
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from model.checkpoint import WEIGHTS_NAME, load_model
+from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
+from model.search import Hypothesis, beam_search
+from model.tokenizer import MarianTokenizer, word_groups
+from model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+
+
+def pretrained_names() -> list[str]:
+    """Names of the models shipped in model/pretrained/."""
+    if not PRETRAINED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in PRETRAINED_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A shipped model's name ("en-zh") or a directory path → the directory."""
+    candidate = Path(name_or_path)
+    if candidate.is_dir():
+        return candidate
+    if isinstance(name_or_path, str) and "/" not in name_or_path and (PRETRAINED_DIR / name_or_path).is_dir():
+        return PRETRAINED_DIR / name_or_path
+    raise UnknownModelError(
+        f"no model directory at {str(name_or_path)!r}; shipped models: {', '.join(pretrained_names()) or 'none'}"
+    )
+
+
+def pick_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class Translation:
+    """One translated text, its tokens, scores and the attention that produced it."""
+
+    text: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    source_ids: list[int]
+    target_ids: list[int]
+    score: float
+    token_logprobs: list[float]
+    alignment: list[tuple[int, int]]  # (source token index, target token index), one per target token
+    word_alignment: list[tuple[int, int]]  # (source word index, target word index)
+    source_words: list[str]
+    target_words: list[str]
+    cross_attention: Tensor | None = None  # (layers, heads, T, S)
+    alternatives: list[Translation] = field(default_factory=list)
+
+
+def token_alignment(cross_attention: Tensor, layer: int) -> list[tuple[int, int]]:
+    """For each target token, the source token with the highest head-averaged attention in `layer`."""
+    averaged = cross_attention[layer].float().mean(dim=0)  # (T, S)
+    best = averaged.argmax(dim=-1).tolist()
+    return [(source, target) for target, source in enumerate(best)]
+
+
+def word_alignment(
+    cross_attention: Tensor, layer: int, source_tokens: list[str], target_tokens: list[str]
+) -> tuple[list[tuple[int, int]], list[str], list[str]]:
+    """Merge pieces into words; each target word aligns to the source word receiving most attention mass."""
+    source_groups = word_groups(source_tokens)
+    target_groups = word_groups(target_tokens)
+    averaged = cross_attention[layer].float().mean(dim=0)  # (T, S)
+    pairs = []
+    for target_word, target_pieces in enumerate(target_groups):
+        rows = averaged[target_pieces].mean(dim=0)  # (S,)
+        mass = torch.stack([rows[pieces].sum() for pieces in source_groups])
+        pairs.append((int(mass.argmax()), target_word))
+    return pairs, [_word_text(source_tokens, g) for g in source_groups], [_word_text(target_tokens, g) for g in target_groups]
+
+
+def _word_text(tokens: list[str], group: list[int]) -> str:
+    return "".join(tokens[i] for i in group).replace("\u2581", " ").strip() or tokens[group[0]]
+
+
+class Translator:
+    """A loaded model plus its tokenizer, ready to translate batches of text."""
+
+    def __init__(self, model: Transformer, tokenizer: MarianTokenizer, name: str = "model", weights_digest: str = "") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.weights_digest = weights_digest
+        self.config = model.config
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> Translator:
+        """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available)."""
+        directory = resolve_model_path(name_or_path)
+        model = load_model(directory, dtype=dtype or torch.float32).to(pick_device(device))
+        tokenizer = MarianTokenizer.from_directory(directory)
+        if tokenizer.eos_id != model.config.eos_token_id:
+            logger.warning("vocab.json's </s> id %d differs from config eos_token_id %d", tokenizer.eos_id, model.config.eos_token_id)
+        digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
+        return cls(model, tokenizer, name=directory.name, weights_digest=digest)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.final_logits_bias.device
+
+    @property
+    def alignment_layer(self) -> int:
+        """The penultimate decoder layer: its cross-attention aligns best in practice."""
+        return max(0, self.config.decoder_layers - 2)
+
+    def encode_source(self, texts: list[str]) -> list[list[int]]:
+        """Texts → vocabulary ids with the final </s> (the ids MarianTokenizer gives)."""
+        if isinstance(texts, str) or not isinstance(texts, list):
+            raise InvalidInputError("texts must be a list of strings")
+        ids = []
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidInputError(f"texts[{index}] is not a string")
+            encoded = self.tokenizer.encode_source(text)
+            if len(encoded) > self.config.max_position_embeddings:
+                raise InputTooLongError(
+                    f"texts[{index}] has {len(encoded)} tokens; this model accepts at most {self.config.max_position_embeddings}"
+                )
+            ids.append(encoded)
+        return ids
+
+    def generate(
+        self,
+        source_ids: list[list[int]],
+        beam_size: int = 4,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int = 1,
+        return_attention: bool = False,
+        length_penalty: float = 1.0,
+    ) -> list[list[Hypothesis]]:
+        """Decode id sequences; per input a list of hypotheses, best first."""
+        if not source_ids:
+            return []
+        if not 1 <= beam_size <= 64:
+            raise InvalidInputError("beam_size must be between 1 and 64")
+        if not 1 <= num_return_sequences <= beam_size:
+            raise InvalidInputError("num_return_sequences must be between 1 and beam_size")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise InvalidInputError("max_new_tokens must be at least 1")
+        vocab = self.config.vocab_size
+        for index, ids in enumerate(source_ids):
+            if not ids or any((not isinstance(i, int)) or i < 0 or i >= vocab for i in ids):
+                raise InvalidInputError(f"source_ids[{index}] must be a non-empty list of ids below {vocab}")
+            if len(ids) > self.config.max_position_embeddings:
+                raise InputTooLongError(f"source_ids[{index}] is longer than max_position_embeddings")
+        return beam_search(
+            self.model,
+            source_ids,
+            beam_size=beam_size,
+            max_new_tokens=max_new_tokens,
+            length_penalty=length_penalty,
+            num_return_sequences=num_return_sequences,
+            return_attention=return_attention,
+        )
+
+    def translate(
+        self,
+        texts: list[str],
+        beam_size: int = 4,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int = 1,
+        return_attention: bool = False,
+        length_penalty: float = 1.0,
+    ) -> list[Translation]:
+        """Translate texts. Alignments are always computed (from the captured cross-attention);
+        the attention tensors themselves are returned only when return_attention is true."""
+        source_ids = self.encode_source(texts)
+        nbest = self.generate(
+            source_ids, beam_size, max_new_tokens, num_return_sequences, return_attention=True, length_penalty=length_penalty
+        )
+        results = []
+        for ids, hypotheses in zip(source_ids, nbest):
+            built = [self._build(ids, h, return_attention) for h in hypotheses]
+            best = built[0]
+            best.alternatives = built[1:]
+            results.append(best)
+        return results
+
+    def _build(self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool) -> Translation:
+        source_tokens = self.tokenizer.source_tokens(source_ids)
+        target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
+        attention = hypothesis.cross_attention
+        layer = self.alignment_layer
+        pairs, words = token_alignment(attention, layer), word_alignment(attention, layer, source_tokens, target_tokens)
+        return Translation(
+            text=self.tokenizer.decode(hypothesis.token_ids),
+            source_tokens=source_tokens,
+            target_tokens=target_tokens,
+            source_ids=list(source_ids),
+            target_ids=list(hypothesis.token_ids),
+            score=hypothesis.score,
+            token_logprobs=hypothesis.token_logprobs,
+            alignment=pairs,
+            word_alignment=words[0],
+            source_words=words[1],
+            target_words=words[2],
+            cross_attention=attention if keep_attention else None,
+        )
