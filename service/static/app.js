@@ -1,0 +1,690 @@
+// The explanation viewer: translate, fetch the explanation, draw heatmap, alignment and confidence,
+// and open one attention head step by step. Talks only to this service's REST API (/v1).
+
+import { $, $$, compact, el, fixed, options, percent, svg } from "./dom.js";
+import { defaultLanguage, language, setLanguage, t } from "./i18n.js";
+import { renderSteps } from "./steps.js";
+import { buildView, headMatrix, isSpecial, pieceLabel } from "./tokens.js";
+
+const state = {
+  models: [],
+  translation: null, // one item of POST /v1/translate's "translations" (null when opened from a link)
+  explanation: null, // GET /v1/explanations/{id}
+  explanationId: null,
+  layer: 0,
+  head: "avg",
+  view: "pieces",
+  selectedPiece: null, // canonical selection: a target piece index
+  current: null, // the token view on screen (see tokens.buildView)
+  status: null,
+  steps: null, // {request, response}
+};
+
+// ---------------------------------------------------------------- API
+
+async function api(path, init = {}) {
+  const response = await fetch(path, {
+    ...init,
+    headers: { Accept: "application/json", ...(init.body ? { "Content-Type": "application/json" } : {}) },
+  });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  if (!response.ok) {
+    const detail = body?.error?.message ?? (typeof body?.detail === "string" ? body.detail : null);
+    throw new Error(detail || `HTTP ${response.status}`);
+  }
+  return body;
+}
+
+function setStatus(key, values = {}, kind = "info", target = "#status") {
+  if (target === "#status") state.status = key ? { key, values, kind } : null;
+  const node = $(target);
+  node.textContent = key ? t(key, values) : "";
+  node.dataset.kind = kind;
+}
+
+// ---------------------------------------------------------------- models
+
+async function loadModels() {
+  const select = $("#model-select");
+  try {
+    const body = await api("v1/models");
+    const models = Array.isArray(body) ? body : body.models ?? body.data ?? [];
+    state.models = models;
+    if (!models.length) throw new Error(t("no_models"));
+    const items = models.map((m) => ({
+      value: m.id,
+      label: m.source_lang && m.target_lang ? `${m.source_lang} → ${m.target_lang}  ·  ${m.id}` : m.id,
+    }));
+    const preferred = models.find((m) => m.source_lang === "en" && m.target_lang === "zh") ?? models[0];
+    options(select, items, state.explanation?.model ?? preferred.id);
+  } catch (error) {
+    options(select, [{ value: "", label: t("no_models") }]);
+    setStatus("error", { message: error.message }, "error");
+  }
+}
+
+function modelInfo(id) {
+  return state.models.find((m) => m.id === id) ?? {};
+}
+
+// ---------------------------------------------------------------- translate
+
+async function onTranslate(event) {
+  event.preventDefault();
+  const text = $("#source-text").value.trim();
+  if (!text) {
+    setStatus("empty_text", {}, "error");
+    $("#source-text").focus();
+    return;
+  }
+  const beamSize = clamp(parseInt($("#beam-size").value, 10) || 1, 1, 8);
+  const nBest = clamp(parseInt($("#n-best").value, 10) || 1, 1, beamSize);
+  $("#beam-size").value = beamSize;
+  $("#n-best").value = nBest;
+  const button = $("#translate-button");
+  button.disabled = true;
+  document.body.setAttribute("aria-busy", "true");
+  const started = performance.now();
+  try {
+    setStatus("translating");
+    const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none" };
+    const model = $("#model-select").value;
+    if (model) request.model = model;
+    const response = await api("v1/translate", { method: "POST", body: JSON.stringify(request) });
+    const translation = response.translations[0];
+    translation.model = translation.model ?? response.model;
+    setStatus("fetching_explanation");
+    const explanation = await api(`v1/explanations/${encodeURIComponent(translation.explanation_id)}`);
+    show(explanation, translation.explanation_id, translation);
+    history.replaceState(null, "", `#explanation=${encodeURIComponent(translation.explanation_id)}`);
+    setStatus("done", { ms: Math.round(performance.now() - started) }, "ok");
+  } catch (error) {
+    setStatus("error", { message: error.message }, "error");
+  } finally {
+    button.disabled = false;
+    document.body.removeAttribute("aria-busy");
+  }
+}
+
+async function openFromLink() {
+  const match = location.hash.match(/^#explanation=(.+)$/);
+  if (!match) return;
+  try {
+    setStatus("fetching_explanation");
+    const id = decodeURIComponent(match[1]);
+    const explanation = await api(`v1/explanations/${encodeURIComponent(id)}`);
+    $("#source-text").value = explanation.source ?? "";
+    if ([...$("#model-select").options].some((o) => o.value === explanation.model)) $("#model-select").value = explanation.model;
+    show(explanation, id, null);
+    setStatus(null);
+  } catch (error) {
+    setStatus("error", { message: error.message }, "error");
+  }
+}
+
+function show(explanation, id, translation) {
+  state.explanation = explanation;
+  state.explanationId = id;
+  state.translation = translation;
+  state.steps = null;
+  const layers = explanation.cross_attention.length;
+  const heads = explanation.cross_attention[0]?.length ?? 0;
+  state.layer = Math.max(0, layers - 2); // the alignment comes from the penultimate layer's head average
+  state.head = "avg";
+  state.selectedPiece = null;
+  options($("#layer-select"), range(layers).map((l) => ({ value: l, label: `${l + 1} / ${layers}` })), state.layer);
+  options(
+    $("#head-select"),
+    [{ value: "avg", label: t("head_avg") }, ...range(heads).map((h) => ({ value: h, label: `${h + 1} / ${heads}` }))],
+    "avg",
+  );
+  $("#results").hidden = false;
+  $("#steps").hidden = true;
+  $("#steps").replaceChildren();
+  setStatus(null, {}, "info", "#steps-status");
+  renderTranslation();
+  renderAttention();
+  fillStepControls();
+}
+
+// ---------------------------------------------------------------- translation, confidence, alternatives
+
+function targetLanguage() {
+  const info = modelInfo(state.explanation?.model);
+  return info.target_lang ?? "";
+}
+
+function renderTranslation() {
+  const e = state.explanation;
+  const tr = state.translation;
+  $("#translation-text").textContent = tr?.text ?? e.translation ?? "";
+  $("#translation-text").lang = targetLanguage();
+  const scores = tr?.token_scores ?? e.token_scores ?? [];
+  const score = tr?.score ?? scores.reduce((a, b) => a + b, 0);
+  $("#translation-score").textContent = fixed(score, 3);
+  $("#translation-model").textContent = e.model ?? tr?.model ?? "";
+  $("#permalink").href = `#explanation=${encodeURIComponent(state.explanationId ?? "")}`;
+  const alternatives = tr?.alternatives ?? [];
+  $("#alternatives-block").hidden = alternatives.length === 0;
+  $("#alternatives").replaceChildren(
+    ...alternatives.map((alt, i) => {
+      const text = typeof alt === "string" ? alt : alt.text;
+      const altScore = typeof alt === "object" && alt.score !== undefined ? fixed(alt.score, 3) : "";
+      const probs = typeof alt === "object" && Array.isArray(alt.token_scores) ? alt.token_scores.map(Math.exp) : null;
+      const mean = probs?.length ? probs.reduce((a, b) => a + b, 0) / probs.length : null;
+      return el(
+        "li",
+        { "data-rank": i + 2 },
+        el("span", { class: "alt-text", lang: targetLanguage() }, text),
+        altScore && el("span", { class: "alt-score num" }, t("alt_score", { score: altScore })),
+        mean !== null && el("span", { class: "alt-score num" }, `· ⌀ ${percent(mean)}`),
+      );
+    }),
+  );
+}
+
+function renderConfidence(view) {
+  const list = $("#confidence");
+  if (!view.logprobs) {
+    list.replaceChildren();
+    return;
+  }
+  list.replaceChildren(
+    ...view.target.map((token, index) => {
+      const p = Math.exp(view.logprobs[index]);
+      const level = p >= 0.7 ? "high" : p >= 0.35 ? "mid" : "low";
+      return el(
+        "li",
+        {},
+        el(
+          "button",
+          {
+            type: "button",
+            class: `conf-token tok-target ${level}`,
+            "data-t": index,
+            "data-prob": p,
+            "data-logprob": view.logprobs[index],
+            "aria-pressed": "false",
+            "data-tip": `${token.raw}: ${t("prob", { p: fixed(p, 4) })}`,
+            lang: targetLanguage(),
+          },
+          el("span", { class: `tok-label${token.special ? " special" : ""}` }, token.label),
+          el("span", { class: "conf-bar", style: { "--p": p.toFixed(4) } }),
+          el("span", { class: "conf-value num" }, percent(p)),
+        ),
+      );
+    }),
+  );
+}
+
+// ---------------------------------------------------------------- heatmap
+
+function renderAttention() {
+  const e = state.explanation;
+  const matrix = headMatrix(e.cross_attention, state.layer, state.head);
+  const view = buildView(state.view, e.source_tokens, e.target_tokens, matrix, e.alignment ?? [], e.token_scores ?? state.translation?.token_scores);
+  state.current = view;
+  renderConfidence(view);
+  renderHeatmap(view);
+  renderAlignment(view);
+  applySelection();
+}
+
+function rowMax(matrix) {
+  return Math.max(1e-9, ...matrix.map((row) => Math.max(...row)));
+}
+
+function renderHeatmap(view) {
+  const table = $("#heatmap");
+  const max = rowMax(view.matrix);
+  const showValues = $("#show-values").checked;
+  $("#legend-max").textContent = fixed(max, 2);
+  const sourceLang = modelInfo(state.explanation.model).source_lang ?? "";
+  const head = el(
+    "tr",
+    {},
+    el("th", { class: "corner", scope: "col" }, el("span", {}, t("corner"))),
+    view.source.map((token, s) =>
+      el(
+        "th",
+        { scope: "col", class: "src-head", "data-s": s, title: token.raw, lang: sourceLang },
+        el("span", { class: tokenClass(token) }, token.label),
+      ),
+    ),
+  );
+  const rows = view.target.map((token, row) =>
+    el(
+      "tr",
+      { "data-t": row },
+      el(
+        "th",
+        { scope: "row", class: "tgt-head" },
+        el(
+          "button",
+          { type: "button", class: `tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
+          token.label,
+        ),
+      ),
+      view.matrix[row].map((value, s) => {
+        const relative = value / max;
+        return el(
+          "td",
+          {
+            class: `cell${relative > 0.55 ? " hot" : ""}`,
+            "data-t": row,
+            "data-s": s,
+            "data-value": value,
+            tabindex: row === 0 && s === 0 ? 0 : -1,
+            style: { "--v": relative.toFixed(4) },
+          },
+          showValues ? compact(value) : "",
+        );
+      }),
+    ),
+  );
+  table.classList.toggle("values", showValues);
+  table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
+}
+
+function tokenClass(token) {
+  return ["tok", token.cont ? "cont" : "", token.special ? "special" : ""].filter(Boolean).join(" ");
+}
+
+function cellTip(cell) {
+  const view = state.current;
+  const target = view.target[Number(cell.dataset.t)];
+  const source = view.source[Number(cell.dataset.s)];
+  return t("cell_tip", { target: target.label, source: source.label, value: fixed(Number(cell.dataset.value), 4) });
+}
+
+function onHeatmapKey(event) {
+  const cell = event.target.closest("td.cell");
+  const view = state.current;
+  if (!view) return;
+  if (!cell) {
+    const button = event.target.closest("button.tok-target");
+    if (button && event.key === "ArrowRight") {
+      event.preventDefault();
+      focusCell(Number(button.dataset.t), 0);
+    }
+    return;
+  }
+  const row = Number(cell.dataset.t);
+  const col = Number(cell.dataset.s);
+  const moves = {
+    ArrowUp: [row - 1, col],
+    ArrowDown: [row + 1, col],
+    ArrowLeft: [row, col - 1],
+    ArrowRight: [row, col + 1],
+    Home: [row, 0],
+    End: [row, view.source.length - 1],
+    PageUp: [0, col],
+    PageDown: [view.target.length - 1, col],
+  };
+  if (event.key in moves) {
+    event.preventDefault();
+    const [r, c] = moves[event.key];
+    if (col === 0 && event.key === "ArrowLeft") {
+      $(`#heatmap button.tok-target[data-t="${row}"]`)?.focus();
+      return;
+    }
+    focusCell(clamp(r, 0, view.target.length - 1), clamp(c, 0, view.source.length - 1));
+  } else if (event.key === "Enter" || event.key === " ") {
+    event.preventDefault();
+    selectTarget(row);
+  }
+}
+
+function focusCell(row, col) {
+  const cell = $(`#heatmap td.cell[data-t="${row}"][data-s="${col}"]`);
+  if (!cell) return;
+  for (const c of $$("#heatmap td.cell[tabindex='0']")) c.tabIndex = -1;
+  cell.tabIndex = 0;
+  cell.focus();
+}
+
+// ---------------------------------------------------------------- alignment view
+
+function renderAlignment(view) {
+  const sourceLang = modelInfo(state.explanation.model).source_lang ?? "";
+  $("#align-source").replaceChildren(
+    ...view.source.map((token, s) =>
+      el("span", { role: "listitem", class: `align-token ${tokenClass(token)}`, "data-s": s, title: token.raw, lang: sourceLang }, token.label),
+    ),
+  );
+  $("#align-target").replaceChildren(
+    ...view.target.map((token, row) =>
+      el(
+        "button",
+        { type: "button", role: "listitem", class: `align-token tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
+        token.label,
+      ),
+    ),
+  );
+  requestAnimationFrame(drawAlignmentLines);
+}
+
+function drawAlignmentLines() {
+  const view = state.current;
+  const lines = $("#align-lines");
+  if (!view || $("#results").hidden) return;
+  const box = lines.getBoundingClientRect();
+  const height = box.height;
+  const max = rowMax(view.matrix);
+  const centre = (node) => {
+    const r = node.getBoundingClientRect();
+    return r.left + r.width / 2 - box.left;
+  };
+  const sourceX = $$("#align-source .align-token").map(centre);
+  const targetX = $$("#align-target .align-token").map(centre);
+  lines.setAttribute("viewBox", `0 0 ${box.width} ${height}`);
+  const selected = selectedRow();
+  const pairs = view.alignment.map(([s, row]) => ({ s, row, aligned: true }));
+  if (selected !== null) {
+    // Besides its alignment, the selected token's strongest attention (up to five more lines).
+    const alignedHere = new Set(pairs.filter((p) => p.row === selected).map((p) => p.s));
+    const row = view.matrix[selected];
+    const strongest = Math.max(...row);
+    row
+      .map((value, s) => [value, s])
+      .filter(([value, s]) => !alignedHere.has(s) && value >= 0.35 * strongest)
+      .sort((a, b) => b[0] - a[0])
+      .slice(0, 5)
+      .forEach(([, s]) => pairs.push({ s, row: selected, aligned: false }));
+  }
+  lines.replaceChildren(
+    ...pairs
+      .filter(({ s, row }) => sourceX[s] !== undefined && targetX[row] !== undefined)
+      .map(({ s, row, aligned }) => {
+        const value = view.matrix[row][s];
+        const active = selected === null ? "" : row === selected ? " active" : " dim";
+        return svg("line", {
+          x1: sourceX[s],
+          y1: 2,
+          x2: targetX[row],
+          y2: height - 2,
+          class: `align-line${aligned ? " aligned" : " extra"}${active}`,
+          "stroke-width": (0.75 + 6 * (value / max)).toFixed(2),
+          "data-s": s,
+          "data-t": row,
+          "data-value": value,
+        });
+      }),
+  );
+}
+
+// ---------------------------------------------------------------- selection
+
+function selectedRow() {
+  if (state.selectedPiece === null || !state.current) return null;
+  const row = state.current.target.findIndex((token) => token.pieces.includes(state.selectedPiece));
+  return row < 0 ? null : row;
+}
+
+function selectTarget(row) {
+  const token = state.current?.target[row];
+  if (!token) return;
+  state.selectedPiece = token.pieces[0];
+  applySelection();
+  syncStepsToSelection();
+}
+
+function applySelection() {
+  const view = state.current;
+  const row = selectedRow();
+  const aligned = new Set(row === null ? [] : view.alignment.filter(([, r]) => r === row).map(([s]) => s));
+  for (const node of $$(".tok-target")) {
+    const on = row !== null && Number(node.dataset.t) === row;
+    node.classList.toggle("selected", on);
+    node.setAttribute("aria-pressed", String(on));
+  }
+  for (const tr of $$("#heatmap tbody tr")) tr.classList.toggle("selected", row !== null && Number(tr.dataset.t) === row);
+  for (const cell of $$("#heatmap td.cell")) {
+    const on = row !== null && Number(cell.dataset.t) === row && aligned.has(Number(cell.dataset.s));
+    cell.classList.toggle("aligned", on);
+    if (on) cell.dataset.aligned = "true";
+    else delete cell.dataset.aligned;
+  }
+  for (const th of $$("#heatmap th.src-head")) th.classList.toggle("aligned", aligned.has(Number(th.dataset.s)));
+  const max = row === null ? 1 : Math.max(1e-9, ...view.matrix[row]);
+  for (const chip of $$("#align-source .align-token")) {
+    const s = Number(chip.dataset.s);
+    chip.classList.toggle("aligned", aligned.has(s));
+    if (row === null) chip.style.removeProperty("--w");
+    else chip.style.setProperty("--w", (view.matrix[row][s] / max).toFixed(3));
+    chip.classList.toggle("weighted", row !== null);
+    if (aligned.has(s)) chip.dataset.aligned = "true";
+    else delete chip.dataset.aligned;
+  }
+  drawAlignmentLines();
+  const summary = $("#selection-summary");
+  if (row === null) {
+    summary.textContent = t("select_hint");
+    return;
+  }
+  const quote = (s) => `“${view.source[s].label}”`;
+  const top = view.matrix[row]
+    .map((value, s) => [value, s])
+    .sort((a, b) => b[0] - a[0])
+    .slice(0, 3)
+    .map(([value, s]) => `${quote(s)} (${fixed(value, 2)})`)
+    .join(", ");
+  summary.textContent = t("selection", { target: view.target[row].label, aligned: [...aligned].map(quote).join(", ") || "—", top });
+}
+
+// ---------------------------------------------------------------- step by step
+
+function encoderShape() {
+  const info = modelInfo(state.explanation.model);
+  const fromSteps = state.steps?.response?.encoder_self_attention;
+  return {
+    layers: info.encoder_layers ?? fromSteps?.length ?? state.explanation.cross_attention.length,
+    heads: info.encoder_attention_heads ?? fromSteps?.[0]?.length ?? state.explanation.cross_attention[0].length,
+  };
+}
+
+function fillStepControls() {
+  const e = state.explanation;
+  const kind = $("#steps-kind").value;
+  const shape = kind === "cross" ? { layers: e.cross_attention.length, heads: e.cross_attention[0].length } : encoderShape();
+  const layer = clamp(Number($("#steps-layer").value || state.layer), 0, shape.layers - 1);
+  const head = clamp(Number($("#steps-head").value || (state.head === "avg" ? 0 : state.head)), 0, shape.heads - 1);
+  options($("#steps-layer"), range(shape.layers).map((l) => ({ value: l, label: `${l + 1} / ${shape.layers}` })), layer);
+  options($("#steps-head"), range(shape.heads).map((h) => ({ value: h, label: `${h + 1} / ${shape.heads}` })), head);
+  const pieces = kind === "cross" ? e.target_tokens : e.source_tokens;
+  const previous = Number($("#steps-position").value || 0);
+  options(
+    $("#steps-position"),
+    pieces.map((p, i) => ({ value: i, label: `${i + 1}: ${pieceLabel(p)}` })),
+    clamp(previous, 0, pieces.length - 1),
+  );
+}
+
+function syncStepsToSelection() {
+  if (state.selectedPiece === null) return;
+  const kind = $("#steps-kind").value;
+  let position = state.selectedPiece;
+  if (kind === "encoder_self") {
+    const pair = (state.explanation.alignment ?? []).find(([, tgt]) => tgt === state.selectedPiece);
+    position = pair ? pair[0] : 0;
+  } else {
+    $("#steps-layer").value = String(state.layer);
+    if (state.head !== "avg") $("#steps-head").value = String(state.head);
+  }
+  $("#steps-position").value = String(position);
+  if (!$("#steps").hidden) loadSteps();
+}
+
+let stepsGeneration = 0;
+
+async function loadSteps(event) {
+  event?.preventDefault();
+  const e = state.explanation;
+  if (!e) return;
+  const request = {
+    source: e.source,
+    target: e.translation,
+    model: e.model,
+    kind: $("#steps-kind").value,
+    layer: Number($("#steps-layer").value),
+    head: Number($("#steps-head").value),
+    position: Number($("#steps-position").value),
+  };
+  const generation = ++stepsGeneration;
+  setStatus("computing", {}, "info", "#steps-status");
+  $("#steps-button").disabled = true;
+  try {
+    const response = await api("v1/explain", { method: "POST", body: JSON.stringify(request) });
+    if (generation !== stepsGeneration) return;
+    state.steps = { request, response };
+    drawSteps();
+    setStatus(null, {}, "info", "#steps-status");
+  } catch (error) {
+    if (generation === stepsGeneration) setStatus("error", { message: error.message }, "error", "#steps-status");
+  } finally {
+    if (generation === stepsGeneration) $("#steps-button").disabled = false;
+  }
+}
+
+function drawSteps() {
+  if (!state.steps) return;
+  const { request, response } = state.steps;
+  const e = state.explanation;
+  const sourceTokens = response.source_tokens ?? e.source_tokens;
+  const targetTokens = response.target_tokens ?? e.target_tokens;
+  const keys = sourceTokens.map(pieceLabel);
+  const query = request.kind === "cross" ? targetTokens[request.position] : sourceTokens[request.position];
+  const container = $("#steps");
+  container.hidden = false;
+  renderSteps(container, {
+    kind: request.kind,
+    layer: request.layer,
+    head: request.head,
+    position: request.position,
+    query: query === undefined ? "?" : pieceLabel(query),
+    keys,
+    steps: response.steps,
+    sourceLang: modelInfo(e.model).source_lang ?? "",
+    targetLang: targetLanguage(),
+  });
+}
+
+// ---------------------------------------------------------------- tooltip
+
+function showTip(node) {
+  const tip = $("#tooltip");
+  const text = node.matches("td.cell") ? cellTip(node) : node.dataset.tip;
+  if (!text) return;
+  tip.textContent = text;
+  tip.hidden = false;
+  const r = node.getBoundingClientRect();
+  const w = tip.offsetWidth;
+  const h = tip.offsetHeight;
+  let left = r.left + r.width / 2 - w / 2;
+  left = clamp(left, 4, window.innerWidth - w - 4);
+  let top = r.top - h - 8;
+  if (top < 4) top = r.bottom + 8;
+  tip.style.left = `${left + window.scrollX}px`;
+  tip.style.top = `${top + window.scrollY}px`;
+}
+
+function hideTip() {
+  $("#tooltip").hidden = true;
+}
+
+function tipTarget(event) {
+  return event.target.closest?.("td.cell, [data-tip]");
+}
+
+// ---------------------------------------------------------------- wiring
+
+function clamp(value, low, high) {
+  return Math.min(Math.max(value, low), high);
+}
+
+function range(n) {
+  return Array.from({ length: n }, (_, i) => i);
+}
+
+function applyLanguage(lang) {
+  const chosen = setLanguage(lang);
+  $("#ui-lang").textContent = t("other_lang");
+  $("#ui-lang").lang = chosen === "zh" ? "en" : "zh-CN";
+  if (state.status) setStatus(state.status.key, state.status.values, state.status.kind);
+  if (state.explanation) {
+    const headSelect = $("#head-select");
+    if (headSelect.options[0]) headSelect.options[0].textContent = t("head_avg");
+    renderTranslation();
+    renderAttention();
+    drawSteps();
+  }
+}
+
+function init() {
+  applyLanguage(defaultLanguage());
+  $("#ui-lang").addEventListener("click", () => {
+    const next = language() === "zh" ? "en" : "zh";
+    localStorage.setItem("ui-lang", next);
+    applyLanguage(next);
+  });
+  $("#translate-form").addEventListener("submit", onTranslate);
+  $("#source-text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("#translate-form").requestSubmit();
+  });
+  $("#beam-size").addEventListener("change", () => {
+    $("#n-best").max = $("#beam-size").value;
+  });
+  $("#layer-select").addEventListener("change", (event) => {
+    state.layer = Number(event.target.value);
+    renderAttention();
+  });
+  $("#head-select").addEventListener("change", (event) => {
+    state.head = event.target.value === "avg" ? "avg" : Number(event.target.value);
+    renderAttention();
+  });
+  for (const radio of $$("input[name=view]"))
+    radio.addEventListener("change", (event) => {
+      state.view = event.target.value;
+      renderAttention();
+    });
+  $("#show-values").addEventListener("change", () => {
+    if (!state.current) return;
+    renderHeatmap(state.current);
+    applySelection();
+  });
+  document.addEventListener("click", (event) => {
+    const target = event.target.closest("button.tok-target");
+    if (target) selectTarget(Number(target.dataset.t));
+  });
+  $("#heatmap").addEventListener("keydown", onHeatmapKey);
+  $("#heatmap").addEventListener("dblclick", (event) => {
+    const cell = event.target.closest("td.cell");
+    if (cell) selectTarget(Number(cell.dataset.t));
+  });
+  $("#steps-form").addEventListener("submit", loadSteps);
+  $("#steps-kind").addEventListener("change", () => {
+    fillStepControls();
+    syncStepsToSelection();
+  });
+  document.addEventListener("mouseover", (event) => {
+    const node = tipTarget(event);
+    if (node) showTip(node);
+    else hideTip();
+  });
+  document.addEventListener("focusin", (event) => {
+    const node = tipTarget(event);
+    if (node) showTip(node);
+    else hideTip();
+  });
+  document.addEventListener("keydown", (event) => event.key === "Escape" && hideTip());
+  new ResizeObserver(() => drawAlignmentLines()).observe($("#alignment-wrap"));
+  document.fonts?.ready.then(drawAlignmentLines);
+  loadModels().then(openFromLink);
+}
+
+init();

@@ -1,0 +1,171 @@
+// Interface strings in English and Chinese. `t(key, values)` fills {placeholders}.
+
+export const STRINGS = {
+  en: {
+    skip: "Skip to content",
+    title: "Attention Translate",
+    tagline: "See which source words the model looked at while it wrote each word of the translation.",
+    api_docs: "API docs",
+    switch_lang: "Switch the interface language",
+    other_lang: "中文",
+    source_label: "Text to translate",
+    source_placeholder: "The cat sat on the mat.",
+    pair_label: "Language pair",
+    loading_models: "Loading models…",
+    no_models: "No models available",
+    beam_label: "Beam size",
+    nbest_label: "Alternatives (n-best)",
+    translate: "Translate",
+    translating: "Translating…",
+    fetching_explanation: "Fetching the explanation…",
+    done: "Done in {ms} ms.",
+    empty_text: "Type a sentence first.",
+    error: "Error: {message}",
+    translation: "Translation",
+    score: "Score (sum of log-probabilities)",
+    model: "Model",
+    permalink: "Link to this explanation",
+    confidence: "Confidence per token",
+    confidence_help: "The probability the model gave each token it wrote, exp(log-probability). Click a token to see where it looked.",
+    alternatives: "Alternatives (n-best)",
+    alt_score: "score {score}",
+    attention: "Cross-attention",
+    layer: "Layer",
+    head: "Head",
+    head_avg: "average of all heads",
+    tokens: "Tokens",
+    view_pieces: "pieces",
+    view_words: "words",
+    show_values: "numbers",
+    heatmap_help: "Rows: target tokens (what the model wrote). Columns: source tokens. Each cell is the weight the chosen head gave the source token while predicting the target token; every row sums to 1.",
+    corner: "target ↓ · source →",
+    cell_tip: "“{target}” → “{source}”: {value}",
+    alignment: "Alignment",
+    alignment_help: "Lines join each target token to the source token it is aligned with; thicker lines mean more attention. Click a target token to highlight the source tokens it attended to.",
+    selection: "“{target}” is aligned with {aligned}; it attended most to {top}.",
+    select_hint: "Select a target token (click it, or use Tab and Enter).",
+    prob: "probability {p}",
+    steps: "Step by step",
+    steps_help: "One attention head opened up, like the classroom walk-through of “The cat sat”, but with the numbers this model really computed.",
+    kind: "Attention",
+    kind_cross: "cross-attention (decoder → encoder)",
+    kind_self: "encoder self-attention",
+    query_token: "Query token",
+    show_steps: "Show the steps",
+    computing: "Computing…",
+    step_x: "1 · Input vectors X",
+    step_x_cross: "The query starts from the decoder's vector for “{query}” (what it has written so far); keys and values start from the encoder's output vectors, one per source token.",
+    step_x_self: "Every source token enters the layer as a vector; the query starts from the vector of “{query}”, keys and values from all of them.",
+    step_x_dims: "showing {shown} of {total} dimensions; colour: negative ← 0 → positive",
+    step_qkv: "2 · Query, keys and values",
+    step_qkv_text: "Three learned projections of this head turn the vectors into a query q, one key kₛ and one value vₛ per position, each of d_k = {dk} numbers.",
+    step_scores: "3 · Scores Q·Kᵀ",
+    step_scores_text: "How well the query matches each key: a dot product, one number per source position.",
+    step_softmax: "4 · Scale by √d_k and softmax",
+    step_softmax_text: "Divide by √d_k = {sqrt} so the scores do not grow with the vector size, then softmax turns them into weights that are positive and add up to {sum}.",
+    step_output: "5 · Weighted sum",
+    step_output_text: "The head's output mixes the value vectors, each in proportion to its weight. Biggest contributions: {top}.",
+    col_token: "token",
+    col_score: "q·kₛ",
+    col_scaled: "÷√d_k",
+    col_weight: "weight",
+    footer: "All numbers come from the running model through this service's REST API (/v1).",
+  },
+  zh: {
+    skip: "跳到正文",
+    title: "注意力翻译",
+    tagline: "看看模型在写出译文的每个词时，关注了原文中的哪些词。",
+    api_docs: "API 文档",
+    switch_lang: "切换界面语言",
+    other_lang: "English",
+    source_label: "要翻译的文本",
+    source_placeholder: "The cat sat on the mat.",
+    pair_label: "语言对",
+    loading_models: "正在加载模型…",
+    no_models: "没有可用的模型",
+    beam_label: "束宽",
+    nbest_label: "候选译文数 (n-best)",
+    translate: "翻译",
+    translating: "正在翻译…",
+    fetching_explanation: "正在获取解释…",
+    done: "完成，用时 {ms} 毫秒。",
+    empty_text: "请先输入一句话。",
+    error: "出错：{message}",
+    translation: "译文",
+    score: "得分（对数概率之和）",
+    model: "模型",
+    permalink: "本解释的链接",
+    confidence: "每个词元的置信度",
+    confidence_help: "模型写出每个词元时给它的概率，即 exp(对数概率)。点击词元，查看它关注了哪里。",
+    alternatives: "候选译文 (n-best)",
+    alt_score: "得分 {score}",
+    attention: "交叉注意力",
+    layer: "层",
+    head: "注意力头",
+    head_avg: "所有头的平均",
+    tokens: "词元",
+    view_pieces: "子词",
+    view_words: "词",
+    show_values: "显示数值",
+    heatmap_help: "行：目标词元（模型写出的内容）。列：源词元。每个格子是所选注意力头在预测该目标词元时分给该源词元的权重；每一行加起来等于 1。",
+    corner: "目标 ↓ · 源 →",
+    cell_tip: "“{target}” → “{source}”：{value}",
+    alignment: "对齐",
+    alignment_help: "连线把每个目标词元和与它对齐的源词元连起来；线越粗，注意力越大。点击一个目标词元，高亮它关注的源词元。",
+    selection: "“{target}” 与 {aligned} 对齐；它最关注的是 {top}。",
+    select_hint: "选择一个目标词元（点击，或用 Tab 和 Enter 键）。",
+    prob: "概率 {p}",
+    steps: "逐步计算",
+    steps_help: "把一个注意力头拆开来看：就像课堂上讲解 “The cat sat” 的例子，但用的是这个模型实际算出的数字。",
+    kind: "注意力类型",
+    kind_cross: "交叉注意力（解码器 → 编码器）",
+    kind_self: "编码器自注意力",
+    query_token: "查询词元",
+    show_steps: "显示计算步骤",
+    computing: "正在计算…",
+    step_x: "1 · 输入向量 X",
+    step_x_cross: "查询来自解码器在 “{query}” 处的向量（它已经写出的内容）；键和值来自编码器的输出向量，每个源词元一个。",
+    step_x_self: "每个源词元以一个向量进入这一层；查询来自 “{query}” 的向量，键和值来自所有词元的向量。",
+    step_x_dims: "显示 {total} 维中的 {shown} 维；颜色：负 ← 0 → 正",
+    step_qkv: "2 · 查询、键和值",
+    step_qkv_text: "这个注意力头的三个可学习投影把向量变成一个查询 q，以及每个位置的键 kₛ 和值 vₛ，每个都有 d_k = {dk} 个数。",
+    step_scores: "3 · 分数 Q·Kᵀ",
+    step_scores_text: "查询与每个键的匹配程度：点积，每个源位置一个数。",
+    step_softmax: "4 · 除以 √d_k 并做 softmax",
+    step_softmax_text: "除以 √d_k = {sqrt}，使分数不随向量维度变大；softmax 再把它们变成正数权重，总和为 {sum}。",
+    step_output: "5 · 加权求和",
+    step_output_text: "注意力头的输出按权重混合各个值向量。贡献最大的是：{top}。",
+    col_token: "词元",
+    col_score: "q·kₛ",
+    col_scaled: "÷√d_k",
+    col_weight: "权重",
+    footer: "所有数字都来自正在运行的模型，通过本服务的 REST API (/v1) 获得。",
+  },
+};
+
+let current = "en";
+
+export function defaultLanguage() {
+  const saved = globalThis.localStorage?.getItem("ui-lang");
+  if (saved && STRINGS[saved]) return saved;
+  const preferred = navigator.languages?.length ? navigator.languages : [navigator.language || "en"];
+  return String(preferred[0]).toLowerCase().startsWith("zh") ? "zh" : "en";
+}
+
+export function setLanguage(lang) {
+  current = STRINGS[lang] ? lang : "en";
+  document.documentElement.lang = current === "zh" ? "zh-CN" : "en";
+  for (const el of document.querySelectorAll("[data-i18n]")) el.textContent = t(el.dataset.i18n);
+  for (const el of document.querySelectorAll("[data-i18n-placeholder]")) el.placeholder = t(el.dataset.i18nPlaceholder);
+  document.title = `${t("title")} — ${current === "zh" ? "解释查看器" : "explanation viewer"}`;
+  return current;
+}
+
+export function language() {
+  return current;
+}
+
+export function t(key, values = {}) {
+  const text = STRINGS[current][key] ?? STRINGS.en[key] ?? key;
+  return text.replace(/\{(\w+)\}/g, (_, name) => (name in values ? values[name] : `{${name}}`));
+}
