@@ -134,7 +134,8 @@ function show(explanation, id, translation) {
   state.steps = null;
   const layers = explanation.cross_attention.length;
   const heads = explanation.cross_attention[0]?.length ?? 0;
-  state.layer = Math.max(0, layers - 2); // the alignment comes from the penultimate layer's head average
+  // The alignment comes from the head average of the alignment layer: start there so both views agree.
+  state.layer = clamp(explanation.alignment_layer ?? layers - 2, 0, layers - 1);
   state.head = "avg";
   state.selectedPiece = null;
   options($("#layer-select"), range(layers).map((l) => ({ value: l, label: `${l + 1} / ${layers}` })), state.layer);
@@ -228,6 +229,8 @@ function renderAttention() {
   const e = state.explanation;
   const matrix = headMatrix(e.cross_attention, state.layer, state.head);
   const view = buildView(state.view, e.source_tokens, e.target_tokens, matrix, e.alignment ?? [], e.token_scores ?? state.translation?.token_scores);
+  const words = state.translation?.word_alignment;
+  if (state.view === "words" && words && state.translation.target_words?.length === view.target.length) view.alignment = words;
   state.current = view;
   renderConfidence(view);
   renderHeatmap(view);
@@ -559,6 +562,8 @@ function drawSteps() {
   const targetTokens = response.target_tokens ?? e.target_tokens;
   const keys = sourceTokens.map(pieceLabel);
   const query = request.kind === "cross" ? targetTokens[request.position] : sourceTokens[request.position];
+  // /v1/explain re-tokenizes the translation; say so when its pieces differ from the ones decoded.
+  const retokenized = targetTokens.join(" ") !== e.target_tokens.join(" ");
   const container = $("#steps");
   container.hidden = false;
   renderSteps(container, {
@@ -571,6 +576,7 @@ function drawSteps() {
     steps: response.steps,
     sourceLang: modelInfo(e.model).source_lang ?? "",
     targetLang: targetLanguage(),
+    note: retokenized ? t("retokenized", { count: targetTokens.length, decoded: e.target_tokens.length }) : "",
   });
 }
 

@@ -153,6 +153,7 @@ export function renderSteps(container, data) {
 
   const arrow = () => el("div", { class: "step-arrow", "aria-hidden": "true" }, "↓");
   container.replaceChildren(
+    data.note && el("p", { class: "note" }, data.note),
     el("p", { class: "steps-caption" }, `${kind === "cross" ? t("kind_cross") : t("kind_self")} · ${t("layer")} ${data.layer + 1} · ${t("head")} ${data.head + 1} · ${t("query_token")} “${query}” · d_k = ${dK}`),
     stepX,
     arrow(),

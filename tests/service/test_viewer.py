@@ -1,0 +1,230 @@
+"""The explanation viewer (GET /) in a real browser: Debian's chromium driven by Playwright.
+
+Every test types a sentence into the page, translates it through the running service and
+checks what the page shows against the REST API's own numbers, read with httpx. Screenshots
+go to artifacts/viewer/ (ignored by git).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
+
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "viewer"
+SENTENCES = {"en": "The cat sat on the mat.", "zh": "猫坐在垫子上。"}
+LONG_SENTENCE = {
+    "en": "The quick brown fox jumps over the lazy dog, and then the cat sat on the big red mat in the house "
+    "because it was very cold outside this morning and everyone was drinking hot tea.",
+    "zh": "今天早上外面很冷，所以我的朋友们都在家里喝热茶、读书，小猫坐在红色的垫子上看着窗外的大树和小河。",
+}
+TIMEOUT_MS = 120_000  # a first translation on a loaded 2-core machine can take a while
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no {CHROMIUM}: apt-get install chromium fonts-wqy-microhei"),
+]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[sync_api.Browser]:
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def api(service_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service_url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model(api: httpx.Client) -> dict:
+    """The model the tests translate with: en→zh when there is one."""
+    models = api.get("/v1/models").json()["models"]
+    return next((m for m in models if (m["source_lang"], m["target_lang"]) == ("en", "zh")), models[0])
+
+
+def open_page(browser: sync_api.Browser, service_url: str, color_scheme: str = "light", locale: str = "en-US"):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme, locale=locale)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    page.on("console", lambda message: message.type == "error" and errors.append(f"console: {message.text}"))
+    page.goto(service_url + "/")
+    page.wait_for_selector("#model-select option[value]:not([value=''])", state="attached")
+    return context, page, errors
+
+
+@pytest.fixture
+def page(browser: sync_api.Browser, service_url: str):
+    context, page, errors = open_page(browser, service_url)
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def translate(page, model: dict, text: str | None = None, beam_size: int = 2, n_best: int = 2) -> str:
+    """Type a sentence, press Translate, wait for the heatmap; returns the explanation id the page shows."""
+    page.select_option("#model-select", model["id"])
+    page.fill("#source-text", text or SENTENCES.get(model["source_lang"], SENTENCES["en"]))
+    page.fill("#beam-size", str(beam_size))
+    page.fill("#n-best", str(n_best))
+    page.click("#translate-button")
+    page.wait_for_selector("#heatmap td.cell")
+    page.wait_for_selector("#translate-button:not([disabled])")
+    return page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
+
+
+def numbers(page, selector: str, *fields: str) -> list:
+    """The data-* attributes `fields` of every node `selector` matches, as numbers (one value, or a tuple)."""
+    rows = page.eval_on_selector_all(
+        selector, "(nodes, fields) => nodes.map(n => fields.map(f => Number(n.dataset[f])))", list(fields)
+    )
+    return [row[0] if len(fields) == 1 else tuple(row) for row in rows]
+
+
+def shown_cells(page) -> dict[tuple[int, int], float]:
+    return {(t, s): value for t, s, value in numbers(page, "#heatmap td.cell", "t", "s", "value")}
+
+
+def head_average(heads: list[list[list[float]]]) -> list[list[float]]:
+    return [[sum(h[t][s] for h in heads) / len(heads) for s in range(len(heads[0][0]))] for t in range(len(heads[0]))]
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_values(page, api, model):
+    explanation_id = translate(page, model)
+    explanation = api.get(f"/v1/explanations/{explanation_id}").json()
+    attention = explanation["cross_attention"]
+    target_count, source_count = len(explanation["target_tokens"]), len(explanation["source_tokens"])
+
+    # Opens on the head average of the alignment layer, the map the alignment is computed from.
+    cells = shown_cells(page)
+    assert set(cells) == {(t, s) for t in range(target_count) for s in range(source_count)}
+    expected = head_average(attention[explanation["alignment_layer"]])
+    for (t, s), value in cells.items():
+        assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
+
+    # One chosen layer and head shows exactly that head's weights.
+    layer, head = 0, len(attention[0]) - 1
+    page.select_option("#layer-select", str(layer))
+    page.select_option("#head-select", str(head))
+    cells = shown_cells(page)
+    assert len(cells) == target_count * source_count
+    for (t, s), value in cells.items():
+        assert value == pytest.approx(attention[layer][head][t][s], abs=1e-9), (t, s)
+
+    assert page.locator("#heatmap tbody th button.tok-target").count() == target_count
+    assert page.locator("#heatmap th.src-head").count() == source_count
+    # Confidence: one probability per target token, exp(log-probability).
+    probabilities = numbers(page, "#confidence [data-prob]", "prob")
+    assert probabilities == pytest.approx([2.718281828459045**score for score in explanation["token_scores"]], rel=1e-6)
+    screenshot(page, "heatmap-light-en")
+
+
+def test_clicking_a_target_token_highlights_the_source_tokens_it_is_aligned_with(page, api, model):
+    explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
+    for t in range(len(explanation["target_tokens"])):
+        page.click(f"#align-target button[data-t='{t}']")
+        expected = {s for s, target in explanation["alignment"] if target == t}
+        assert set(numbers(page, "#heatmap td.cell.aligned", "t", "s")) == {(t, s) for s in expected}
+        assert set(numbers(page, "#align-source [data-aligned=true]", "s")) == expected
+        assert page.get_attribute(f"#align-target button[data-t='{t}']", "aria-pressed") == "true"
+
+    # The keyboard does the same: arrow keys walk the heatmap, Enter selects the row's target token.
+    page.focus("#heatmap td.cell[data-t='0'][data-s='0']")
+    page.keyboard.press("ArrowDown" if len(explanation["target_tokens"]) > 1 else "ArrowRight")
+    page.keyboard.press("Enter")
+    row = page.evaluate("Number(document.activeElement.dataset.t)")
+    assert page.get_attribute(f"#heatmap button.tok-target[data-t='{row}']", "aria-pressed") == "true"
+    screenshot(page, "alignment-light-en")
+
+
+@pytest.mark.parametrize("kind", ["cross", "encoder_self"])
+def test_step_by_step_shows_the_weights_of_the_api(page, api, model, kind):
+    explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
+    target = min(1, len(explanation["target_tokens"]) - 1)
+    page.click(f"#align-target button[data-t='{target}']")
+    page.select_option("#steps-kind", kind)
+    heads = model["decoder_attention_heads"] if kind == "cross" else model["encoder_attention_heads"]
+    position = target if kind == "cross" else len(explanation["source_tokens"]) - 1
+    layer, head = 0, heads - 1
+    page.select_option("#steps-layer", str(layer))
+    page.select_option("#steps-head", str(head))
+    page.select_option("#steps-position", str(position))
+    page.click("#steps-button")
+    page.wait_for_selector("#step-weights .weight-row")
+    page.wait_for_selector("#steps-button:not([disabled])")
+
+    steps = api.post(
+        "/v1/explain",
+        json={
+            "source": explanation["source"],
+            "target": explanation["translation"],
+            "model": explanation["model"],
+            "kind": kind,
+            "layer": layer,
+            "head": head,
+            "position": position,
+        },
+    ).json()["steps"]
+    assert numbers(page, "#step-weights .weight-row", "value") == pytest.approx(steps["weights"], abs=1e-9)
+    assert numbers(page, "#step-scores .score-row", "value") == pytest.approx(steps["scores"], abs=1e-9)
+    # Each of the five steps is on the page with its formula.
+    assert page.locator("#steps .step .formula").count() == 5
+    screenshot(page, f"steps-{kind}-light-en")
+
+
+@pytest.mark.parametrize("color_scheme", ["light", "dark"])
+@pytest.mark.parametrize("locale", ["en-US", "zh-CN"])
+def test_long_sentence_renders_in_both_color_schemes_and_interface_languages(
+    browser, service_url, model, color_scheme, locale
+):
+    context, page, errors = open_page(browser, service_url, color_scheme, locale)
+    try:
+        chinese = locale.startswith("zh")
+        assert page.get_attribute("html", "lang") == ("zh-CN" if chinese else "en")
+        assert page.inner_text("h1") == ("注意力翻译" if chinese else "Attention Translate")
+        translate(page, model, LONG_SENTENCE.get(model["source_lang"], LONG_SENTENCE["en"]))
+        page.click("#align-target button[data-t='0']")
+        page.click("#steps-button")
+        page.wait_for_selector("#step-weights .weight-row")
+        # Long sentences scroll inside their panels; the page itself never grows sideways.
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        screenshot(page, f"long-{color_scheme}-{locale}")
+
+        # The toggle switches the interface language without translating again.
+        page.click("#ui-lang")
+        assert page.inner_text("h1") == ("Attention Translate" if chinese else "注意力翻译")
+        assert page.locator("#heatmap td.cell").count() > 0
+    finally:
+        context.close()
+    assert errors == [], errors
