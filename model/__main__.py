@@ -37,14 +37,16 @@ def _print_table(translation) -> None:
     for (source_index, target_index), logprob in zip(translation.alignment, translation.token_logprobs):
         target = translation.target_tokens[target_index]
         source = translation.source_tokens[source_index]
-        print(f"  {target_index:>3}  {target:<16} {2.718281828 ** logprob:6.3f}  {source} (#{source_index})")
+        print(f"  {target_index:>3}  {target:<16} {2.718281828**logprob:6.3f}  {source} (#{source_index})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model", description="Translate with a Marian-format model.")
     commands = parser.add_subparsers(dest="command", required=True)
     translate = commands.add_parser("translate", help="translate texts given as arguments or on standard input")
-    translate.add_argument("--model", required=True, help=f"model directory or shipped name ({', '.join(pretrained_names()) or 'none'})")
+    translate.add_argument(
+        "--model", required=True, help=f"model directory or shipped name ({', '.join(pretrained_names()) or 'none'})"
+    )
     translate.add_argument("--beam-size", type=int, default=4)
     translate.add_argument("--n-best", type=int, default=1)
     translate.add_argument("--max-new-tokens", type=int, default=None)
@@ -58,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         translator = Translator.from_pretrained(args.model, device=args.device)
         results = translator.translate(
-            texts, beam_size=args.beam_size, num_return_sequences=args.n_best,
-            max_new_tokens=args.max_new_tokens, return_attention=args.json,
+            texts,
+            beam_size=args.beam_size,
+            num_return_sequences=args.n_best,
+            max_new_tokens=args.max_new_tokens,
+            return_attention=args.json,
         )
     except TranslatorError as error:
         print(f"error: {error}", file=sys.stderr)

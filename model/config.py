@@ -69,8 +69,7 @@ class ModelConfig:
                 )
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise CheckpointError(
-                "config field decoder_vocab_size differs from vocab_size while "
-                "share_encoder_decoder_embeddings is true"
+                "config field decoder_vocab_size differs from vocab_size while share_encoder_decoder_embeddings is true"
             )
 
     @property
@@ -93,7 +92,9 @@ class ModelConfig:
             )
         for name in ("encoder_layerdrop", "decoder_layerdrop"):
             if raw.get(name):
-                raise CheckpointError(f"config field {name}={raw[name]!r} is not supported (inference has no layerdrop)")
+                raise CheckpointError(
+                    f"config field {name}={raw[name]!r} is not supported (inference has no layerdrop)"
+                )
         if "vocab_size" not in raw:
             raise CheckpointError("config field vocab_size is missing")
         eos = raw.get("eos_token_id", 0)

@@ -149,5 +149,19 @@ def attention_steps(
     scaled_scores = scores / math.sqrt(d_k)
     weights = torch.softmax(scaled_scores, dim=-1)
     output = weights @ v  # (d_k,)
-    return AttentionSteps(kind, layer, head, position, d_k, x_query.cpu(), x.cpu(), q.cpu(), k.cpu(), v.cpu(),
-                          scores.cpu(), scaled_scores.cpu(), weights.cpu(), output.cpu())
+    return AttentionSteps(
+        kind,
+        layer,
+        head,
+        position,
+        d_k,
+        x_query.cpu(),
+        x.cpu(),
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        scores.cpu(),
+        scaled_scores.cpu(),
+        weights.cpu(),
+        output.cpu(),
+    )

@@ -105,9 +105,7 @@ class MarianTokenizer:
             except json.JSONDecodeError as error:
                 raise CheckpointError(f"{config_path} is not valid JSON: {error}") from None
         target_vocab = _load_vocab(directory / "target_vocab.json") if separate else source_vocab
-        return cls(
-            _load_spm(directory / "source.spm"), _load_spm(directory / "target.spm"), source_vocab, target_vocab
-        )
+        return cls(_load_spm(directory / "source.spm"), _load_spm(directory / "target.spm"), source_vocab, target_vocab)
 
     # ---- source side ------------------------------------------------------------------
     def source_pieces_of(self, text: str) -> list[str]:
@@ -143,7 +141,9 @@ class MarianTokenizer:
         """Write vocab.json (and target_vocab.json when separate) plus tokenizer_config.json."""
         directory = Path(directory)
         separate = self.source_vocab is not self.target_vocab and self.source_vocab != self.target_vocab
-        (directory / "vocab.json").write_text(json.dumps(self.source_vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+        (directory / "vocab.json").write_text(
+            json.dumps(self.source_vocab, ensure_ascii=False, indent=1), encoding="utf-8"
+        )
         if separate:
             (directory / "target_vocab.json").write_text(
                 json.dumps(self.target_vocab, ensure_ascii=False, indent=1), encoding="utf-8"
@@ -156,4 +156,6 @@ class MarianTokenizer:
             "pad_token": PAD,
             "model_max_length": 512,
         }
-        (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
+        )

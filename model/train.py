@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from model.checkpoint import load_state, marian_name, save_model
+from model.checkpoint import save_model
 from model.config import ModelConfig
 from model.search import beam_search
 from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
@@ -138,7 +138,9 @@ def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], wo
     for side in ("source", "target"):
         vocab_path = spm_dir / f"{side}_vocab.json"
         if not vocab_path.exists():
-            vocab_path.write_text(json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8")
+            vocab_path.write_text(
+                json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8"
+            )
     load = sentencepiece.SentencePieceProcessor
     source_spm, target_spm = load(), load()
     source_spm.Load(str(spm_dir / "source.spm"))
@@ -206,7 +208,9 @@ def score_translations(hypotheses: list[str], references: list[list[str]], token
     return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2)}
 
 
-def translate_all(model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64) -> list[str]:
+def translate_all(
+    model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64
+) -> list[str]:
     model.eval()
     outputs = []
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -220,7 +224,14 @@ def translate_all(model: Transformer, tokenizer: MarianTokenizer, texts: list[st
     return outputs
 
 
-def evaluate(model: Transformer, tokenizer: MarianTokenizer, sources: list[str], references: list[list[str]], tokenize: str, beam_size: int = 1) -> dict[str, float]:
+def evaluate(
+    model: Transformer,
+    tokenizer: MarianTokenizer,
+    sources: list[str],
+    references: list[list[str]],
+    tokenize: str,
+    beam_size: int = 1,
+) -> dict[str, float]:
     hypotheses = translate_all(model, tokenizer, sources, beam_size)
     return score_translations(hypotheses, references, tokenize)
 
@@ -336,7 +347,9 @@ def train(options: TrainingOptions) -> dict:
     model = Transformer(config)
     for name, parameter in model.named_parameters():
         if parameter.dim() > 1:
-            torch.nn.init.xavier_uniform_(parameter) if "embed" not in name else torch.nn.init.normal_(parameter, 0, config.d_model**-0.5)
+            torch.nn.init.xavier_uniform_(parameter) if "embed" not in name else torch.nn.init.normal_(
+                parameter, 0, config.d_model**-0.5
+            )
     optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
     resume_path = work / "last"
@@ -345,7 +358,9 @@ def train(options: TrainingOptions) -> dict:
         logger.info("resumed from %s at epoch %d step %d", resume_path, state["epoch"], state["step"])
     logger.info(
         "model: %d parameters, %d training examples, %d dev sources",
-        sum(p.numel() for p in model.parameters()), len(examples), len(dev_sources),
+        sum(p.numel() for p in model.parameters()),
+        len(examples),
+        len(dev_sources),
     )
 
     try:
@@ -359,7 +374,11 @@ def train(options: TrainingOptions) -> dict:
         epoch = state["epoch"]
         batches = make_batches(examples, options.batch_tokens, random.Random(options.seed + epoch))
         model.train()
-        progress = tqdm(total=len(batches), initial=state["batch_in_epoch"], desc=f"epoch {epoch + 1}", mininterval=10) if tqdm else None
+        progress = (
+            tqdm(total=len(batches), initial=state["batch_in_epoch"], desc=f"epoch {epoch + 1}", mininterval=10)
+            if tqdm
+            else None
+        )
         running_loss, running_tokens = 0.0, 0
         for batch_index in range(state["batch_in_epoch"], len(batches)):
             source_ids, source_mask, decoder_input, labels = collate(examples, batches[batch_index], config)
@@ -368,8 +387,11 @@ def train(options: TrainingOptions) -> dict:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
                 logits = model(source_ids, source_mask, decoder_input)
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
-                label_smoothing=options.label_smoothing, reduction="sum",
+                logits.float().view(-1, logits.size(-1)),
+                labels.view(-1),
+                ignore_index=-100,
+                label_smoothing=options.label_smoothing,
+                reduction="sum",
             )
             tokens = int((labels != -100).sum())
             optimizer.zero_grad(set_to_none=True)
@@ -384,7 +406,13 @@ def train(options: TrainingOptions) -> dict:
                 progress.update(1)
                 progress.set_postfix(loss=f"{running_loss / running_tokens:.3f}", refresh=False)
             if state["step"] % 50 == 0:
-                logger.info("epoch %d step %d loss %.4f lr %.2e", epoch + 1, state["step"], running_loss / running_tokens, optimizer.param_groups[0]["lr"])
+                logger.info(
+                    "epoch %d step %d loss %.4f lr %.2e",
+                    epoch + 1,
+                    state["step"],
+                    running_loss / running_tokens,
+                    optimizer.param_groups[0]["lr"],
+                )
             elapsed = time.monotonic() - started
             out_of_time = options.max_minutes and elapsed > options.max_minutes * 60
             out_of_steps = options.max_steps and state["step"] >= options.max_steps
@@ -399,14 +427,24 @@ def train(options: TrainingOptions) -> dict:
             progress.close()
         epoch_loss = running_loss / max(running_tokens, 1)
         finished_epoch = state["batch_in_epoch"] >= len(batches)
-        record = {"epoch": epoch + 1, "step": state["step"], "train_loss": round(epoch_loss, 4), "minutes": round((time.monotonic() - started) / 60, 1)}
+        record = {
+            "epoch": epoch + 1,
+            "step": state["step"],
+            "train_loss": round(epoch_loss, 4),
+            "minutes": round((time.monotonic() - started) / 60, 1),
+        }
         if finished_epoch:
             if dev_sources:
                 record.update(evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize))
                 if record["bleu"] > state["best_bleu"]:
                     state["best_bleu"] = record["bleu"]
-                    save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(work / "best.safetensors"))
-            save_file({n: t.contiguous() for n, t in model.state_dict().items()}, str(work / f"epoch-{epoch + 1:03d}.safetensors"))
+                    save_file(
+                        {n: t.contiguous() for n, t in model.state_dict().items()}, str(work / "best.safetensors")
+                    )
+            save_file(
+                {n: t.contiguous() for n, t in model.state_dict().items()},
+                str(work / f"epoch-{epoch + 1:03d}.safetensors"),
+            )
             for old in sorted(work.glob("epoch-*.safetensors"))[: -max(options.average_last, 1)]:
                 old.unlink()
             state["epoch"] += 1
@@ -431,11 +469,20 @@ def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_
     scores = {}
     for name, weights in candidates.items():
         model.load_state_dict(weights, strict=False)
-        scores[name] = evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize) if dev_sources else {"bleu": 0.0}
+        scores[name] = (
+            evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize) if dev_sources else {"bleu": 0.0}
+        )
         logger.info("candidate %s: %s", name, scores[name])
     chosen = max(scores, key=lambda n: scores[n]["bleu"])
     model.load_state_dict(candidates[chosen], strict=False)
-    summary = {"chosen": chosen, "greedy": scores[chosen], "candidates": scores, "steps": state["step"], "epochs": state["epoch"], "minutes": round(state["seconds"] / 60, 1)}
+    summary = {
+        "chosen": chosen,
+        "greedy": scores[chosen],
+        "candidates": scores,
+        "steps": state["step"],
+        "epochs": state["epoch"],
+        "minutes": round(state["seconds"] / 60, 1),
+    }
     if dev_sources:
         summary["beam4"] = evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize, beam_size=4)
     if options.output:
@@ -447,11 +494,15 @@ def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_
 
 
 def parse_args(argv: list[str] | None = None) -> TrainingOptions:
-    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m model.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     defaults = TrainingOptions(train="", dev=None, work="", output=None)
     parser.add_argument("--train", required=True, help="TSV with source, target (and optional attribution) columns")
     parser.add_argument("--dev", help="TSV in the same layout, for model selection")
-    parser.add_argument("--work", required=True, help="directory for checkpoints, logs and tokenizers (resumes from it)")
+    parser.add_argument(
+        "--work", required=True, help="directory for checkpoints, logs and tokenizers (resumes from it)"
+    )
     parser.add_argument("--output", help="Marian-format directory to write the final model to")
     for field_name, value in asdict(defaults).items():
         if field_name in ("train", "dev", "work", "output"):

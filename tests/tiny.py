@@ -23,7 +23,9 @@ ENGLISH_WORDS = (
     "green quick brown fox jumps over lazy tree river city walk run eat drink water tea coffee book read "
     "write today tomorrow yesterday is was are were very happy sad cold hot morning night friend family"
 ).split()
-CHINESE_CHARACTERS = "我你他她们的是不在有这个人了上下大小猫狗坐喜欢看去学校房子红蓝绿快跑吃喝水茶咖啡书读写今天明昨很高兴冷热早晚朋友家"
+CHINESE_CHARACTERS = (
+    "我你他她们的是不在有这个人了上下大小猫狗坐喜欢看去学校房子红蓝绿快跑吃喝水茶咖啡书读写今天明昨很高兴冷热早晚朋友家"
+)
 
 
 def synthetic_corpus(count: int = 400, seed: int = 0) -> list[tuple[str, str]]:

@@ -1,0 +1,113 @@
+"""Loading refuses what it cannot serve faithfully, and names the problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from model import CheckpointError, Translator
+from model.checkpoint import load_model, save_model
+from tests.tiny import make_model_dir
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return make_model_dir(tmp_path / "tiny", shared=False, seed=2)
+
+
+def _edit_weights(directory, edit):
+    tensors = load_file(str(directory / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(directory / "model.safetensors"))
+
+
+def _edit_config(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_round_trip_preserves_every_tensor(model_dir, tmp_path):
+    model = load_model(model_dir)
+    save_model(model, tmp_path / "copy")
+    again = load_model(tmp_path / "copy")
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_half_precision_file_loads_in_the_requested_dtype(model_dir, tmp_path):
+    save_model(load_model(model_dir), tmp_path / "half", dtype=torch.float16)
+    assert all(t.dtype == torch.float16 for t in load_file(str(tmp_path / "half" / "model.safetensors")).values())
+    assert load_model(tmp_path / "half").final_logits_bias.dtype == torch.float32
+    assert next(load_model(tmp_path / "half", dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+def test_missing_weights_file_is_named(model_dir):
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        load_model(model_dir)
+
+
+def test_pickle_checkpoint_is_refused_with_conversion_advice(model_dir):
+    (model_dir / "model.safetensors").rename(model_dir / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pickle.*save_pretrained"):
+        load_model(model_dir)
+
+
+def test_corrupt_weights_file_is_an_error(model_dir):
+    (model_dir / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        load_model(model_dir)
+
+
+def test_missing_tensor_is_named(model_dir):
+    _edit_weights(model_dir, lambda t: t.pop("model.decoder.layers.1.fc2.weight"))
+    with pytest.raises(CheckpointError, match=r"model\.decoder\.layers\.1\.fc2\.weight is missing"):
+        load_model(model_dir)
+
+
+def test_unexpected_tensor_is_named(model_dir):
+    _edit_weights(model_dir, lambda t: t.__setitem__("model.encoder.layers.9.extra", torch.zeros(2)))
+    with pytest.raises(CheckpointError, match=r"unexpected tensors model\.encoder\.layers\.9\.extra"):
+        load_model(model_dir)
+
+
+def test_misshapen_tensor_is_named(model_dir):
+    _edit_weights(model_dir, lambda t: t.__setitem__("model.encoder.layers.0.fc1.weight", torch.zeros(3, 3)))
+    with pytest.raises(CheckpointError, match=r"model\.encoder\.layers\.0\.fc1\.weight has shape \(3, 3\)"):
+        load_model(model_dir)
+
+
+def test_config_that_disagrees_with_the_weights_is_an_error(model_dir):
+    _edit_config(model_dir, encoder_ffn_dim=128)
+    with pytest.raises(CheckpointError, match="fc1.weight has shape"):
+        load_model(model_dir)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("normalize_before", True),
+        ("layernorm_embedding", True),
+        ("activation_function", "tanh"),
+        ("model_type", "bart"),
+    ],
+)
+def test_unsupported_architecture_is_refused_by_field_name(model_dir, field, value):
+    _edit_config(model_dir, **{field: value})
+    with pytest.raises(CheckpointError, match=field):
+        load_model(model_dir)
+
+
+def test_missing_tokenizer_file_is_named(model_dir):
+    (model_dir / "target.spm").unlink()
+    with pytest.raises(CheckpointError, match="target.spm is missing"):
+        Translator.from_pretrained(model_dir, device="cpu")
+
+
+def test_missing_directory_is_an_error(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "nowhere")

@@ -1,0 +1,105 @@
+"""Search behaviour: the KV cache changes nothing, batching changes nothing, attention is well formed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import Translator
+from tests.tiny import make_model_dir, synthetic_corpus
+
+SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=3)]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["shared", "separate"])
+def translator(request, tmp_path_factory):
+    directory = make_model_dir(tmp_path_factory.mktemp("search"), shared=request.param, seed=5)
+    return Translator.from_pretrained(directory, device="cpu")
+
+
+def greedy_without_cache(translator: Translator, source: list[int], steps: int):
+    """Reference greedy decoding that recomputes the whole prefix at every step (no KV cache)."""
+    model, config = translator.model, translator.config
+    encoder = model.encode(torch.tensor([source]), torch.ones(1, len(source), dtype=torch.bool))
+    prefix = [config.decoder_start_token_id]
+    rows = []
+    with torch.no_grad():
+        for step in range(steps):
+            hidden, cross = model.decode(torch.tensor([prefix]), encoder, need_weights=True)
+            logits = model.logits(hidden[0, -1])
+            logits[config.pad_token_id] = float("-inf")
+            if step == steps - 1:
+                token = config.eos_token_id  # the budget's last step forces </s>
+            else:
+                token = int(logits.argmax())
+            rows.append(torch.stack([layer[0, :, -1] for layer in cross], dim=0))  # (L, h, S)
+            prefix.append(token)
+            if token == config.eos_token_id:
+                break
+    return prefix[1:], torch.stack(rows, dim=2)  # (L, h, T, S)
+
+
+def test_cached_decoding_equals_recomputing_the_prefix(translator):
+    for source in translator.encode_source(SENTENCES[:6]):
+        hypothesis = translator.generate([source], beam_size=1, max_new_tokens=15, return_attention=True)[0][0]
+        ids, attention = greedy_without_cache(translator, source, 15)
+        assert hypothesis.token_ids == ids
+        assert torch.allclose(hypothesis.cross_attention, attention, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_mixed_length_batch_decodes_as_each_input_alone(translator, beam_size):
+    ids = translator.encode_source(SENTENCES[:8])
+    assert len({len(row) for row in ids}) > 2, "inputs must have mixed lengths"
+    batched = translator.generate(ids, beam_size=beam_size, max_new_tokens=20, return_attention=True)
+    for source, together in zip(ids, batched):
+        alone = translator.generate([source], beam_size=beam_size, max_new_tokens=20, return_attention=True)[0]
+        assert together[0].token_ids == alone[0].token_ids
+        assert together[0].score == pytest.approx(alone[0].score, abs=1e-4)
+        assert torch.allclose(together[0].cross_attention, alone[0].cross_attention, atol=1e-5)
+
+
+def test_cross_attention_is_a_distribution_over_real_source_tokens(translator):
+    ids = translator.encode_source(SENTENCES[:5])
+    for source, hypotheses in zip(ids, translator.generate(ids, beam_size=3, max_new_tokens=12, return_attention=True)):
+        attention = hypotheses[0].cross_attention
+        config = translator.config
+        assert attention.shape == (
+            config.decoder_layers,
+            config.decoder_attention_heads,
+            len(hypotheses[0].token_ids),
+            len(source),
+        )
+        assert torch.allclose(attention.sum(dim=-1), torch.ones(attention.shape[:-1]), atol=1e-5)
+
+
+def test_n_best_is_sorted_and_distinct(translator):
+    ids = translator.encode_source(SENTENCES[:4])
+    for hypotheses in translator.generate(ids, beam_size=5, num_return_sequences=3, max_new_tokens=12):
+        assert len(hypotheses) == 3
+        scores = [h.normalized_score for h in hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.token_ids) for h in hypotheses}) == 3
+
+
+def test_scores_are_sums_of_token_logprobs(translator):
+    hypothesis = translator.generate(translator.encode_source(SENTENCES[:1]), beam_size=4, max_new_tokens=12)[0][0]
+    assert len(hypothesis.token_logprobs) == len(hypothesis.token_ids)
+    assert hypothesis.score == pytest.approx(sum(hypothesis.token_logprobs), abs=1e-5)
+
+
+def test_pad_is_never_generated_and_every_output_ends_with_eos(translator):
+    config = translator.config
+    ids = translator.encode_source(SENTENCES)
+    for hypotheses in translator.generate(ids, beam_size=2, num_return_sequences=2, max_new_tokens=10):
+        for hypothesis in hypotheses:
+            assert config.pad_token_id not in hypothesis.token_ids
+            assert hypothesis.token_ids[-1] == config.eos_token_id
+            assert len(hypothesis.token_ids) <= 10
+
+
+def test_default_length_budget_grows_with_the_source(translator):
+    short, long = translator.encode_source(["The cat.", " ".join(["the big red dog"] * 10)])
+    results = translator.generate([short, long], beam_size=1)
+    assert len(results[0][0].token_ids) <= 2 * len(short) + 10
+    assert len(results[1][0].token_ids) <= 2 * len(long) + 10
