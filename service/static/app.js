@@ -255,7 +255,7 @@ function renderHeatmap(view) {
     view.source.map((token, s) =>
       el(
         "th",
-        { scope: "col", class: "src-head", "data-s": s, title: token.raw, lang: sourceLang },
+        { scope: "col", class: `src-head${[...token.label].length <= 3 ? " short" : ""}`, "data-s": s, title: token.raw, lang: sourceLang },
         el("span", { class: tokenClass(token) }, token.label),
       ),
     ),
@@ -576,6 +576,7 @@ function drawSteps() {
     steps: response.steps,
     sourceLang: modelInfo(e.model).source_lang ?? "",
     targetLang: targetLanguage(),
+    mapRow: (request.kind === "cross" ? response.cross_attention : response.encoder_self_attention)?.[request.layer]?.[request.head]?.[request.position],
     note: retokenized ? t("retokenized", { count: targetTokens.length, decoded: e.target_tokens.length }) : "",
   });
 }
@@ -690,6 +691,10 @@ function init() {
   document.addEventListener("keydown", (event) => event.key === "Escape" && hideTip());
   new ResizeObserver(() => drawAlignmentLines()).observe($("#alignment-wrap"));
   document.fonts?.ready.then(drawAlignmentLines);
+  window.addEventListener("hashchange", () => {
+    const id = location.hash.match(/^#explanation=(.+)$/)?.[1];
+    if (id && decodeURIComponent(id) !== state.explanationId) openFromLink();
+  });
   loadModels().then(openFromLink);
 }
 

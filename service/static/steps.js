@@ -130,6 +130,14 @@ export function renderSteps(container, data) {
     ]),
   );
 
+  // The same weights, read from the attention map of the same forced decode: the two must agree.
+  if (data.mapRow) {
+    const difference = Math.max(...steps.weights.map((w, s) => Math.abs(w - (data.mapRow[s] ?? NaN))));
+    stepSoftmax.append(
+      el("p", { class: `map-check ${difference < 1e-4 ? "ok" : "bad"}`, "data-difference": difference }, t(difference < 1e-4 ? "map_agrees" : "map_differs", { difference: difference.toExponential(1) })),
+    );
+  }
+
   // 5 · weighted sum
   const contributions = steps.weights.map((w, s) => steps.v[s].map((x) => w * x));
   const top = steps.weights
