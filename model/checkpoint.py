@@ -177,6 +177,7 @@ def save_model(model: Transformer, directory: str | Path, dtype: torch.dtype | N
         "decoder_start_token_id": config.decoder_start_token_id,
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
+        "forced_eos_token_id": config.eos_token_id,  # our search closes a full budget with </s>; so does this
     }
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     logger.info("saved model to %s", directory)

@@ -124,6 +124,7 @@ class ModelConfig:
                 "normalize_embedding": False,
                 "add_final_layer_norm": False,
                 "static_position_embeddings": True,
+                "forced_eos_token_id": self.eos_token_id,
                 "encoder_layerdrop": 0.0,
                 "decoder_layerdrop": 0.0,
                 "init_std": 0.02,

@@ -400,7 +400,7 @@ def train(options: TrainingOptions) -> dict:
             optimizer.step()
             state["step"] += 1
             state["batch_in_epoch"] = batch_index + 1
-            running_loss += float(loss)
+            running_loss += loss.detach().item()
             running_tokens += tokens
             if progress:
                 progress.update(1)

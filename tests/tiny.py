@@ -29,12 +29,16 @@ CHINESE_CHARACTERS = (
 
 
 def synthetic_corpus(count: int = 400, seed: int = 0) -> list[tuple[str, str]]:
+    """English-like sentences and a learnable "translation": each word maps to a fixed character."""
     rng = random.Random(seed)
+    dictionary = {word: CHINESE_CHARACTERS[i % len(CHINESE_CHARACTERS)] for i, word in enumerate(ENGLISH_WORDS)}
     pairs = []
     for _ in range(count):
-        english = " ".join(rng.choice(ENGLISH_WORDS) for _ in range(rng.randint(2, 9)))
-        chinese = "".join(rng.choice(CHINESE_CHARACTERS) for _ in range(rng.randint(2, 10)))
-        pairs.append((english.capitalize() + rng.choice([".", "?", "!"]), chinese + rng.choice(["。", "？", "！"])))
+        words = [rng.choice(ENGLISH_WORDS) for _ in range(rng.randint(2, 9))]
+        mark = rng.randrange(3)
+        english = " ".join(words).capitalize() + ".?!"[mark]
+        chinese = "".join(dictionary[w] for w in words) + "。？！"[mark]
+        pairs.append((english, chinese))
     return pairs
 
 

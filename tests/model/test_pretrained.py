@@ -1,0 +1,58 @@
+"""The shipped default models: they load by name, translate into the right script, and agree with transformers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from model import Translator
+from model.translator import PRETRAINED_DIR, pretrained_names
+
+transformers = pytest.importorskip("transformers")
+
+SOURCES = {
+    "en-zh": ["I have nothing to say.", "Where is the station?", "Tom likes to read books.", "It is very cold today."],
+    "zh-en": ["我没什么可说的。", "车站在哪里？", "汤姆喜欢看书。", "今天很冷。"],
+}
+SCRIPT = {"en-zh": re.compile(r"[\u4e00-\u9fff]"), "zh-en": re.compile(r"[A-Za-z]{2,}")}
+
+
+def test_both_directions_are_shipped():
+    assert {"en-zh", "zh-en"} <= set(pretrained_names())
+
+
+@pytest.fixture(scope="module", params=["en-zh", "zh-en"])
+def shipped(request):
+    return request.param, Translator.from_pretrained(request.param, device="cpu")
+
+
+def test_each_model_is_small_and_has_a_model_card(shipped):
+    name, _ = shipped
+    directory = PRETRAINED_DIR / name
+    size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+    assert size <= 25 * 1024 * 1024
+    card = (directory / "README.md").read_text(encoding="utf-8")
+    assert "Tatoeba" in card and "CC-BY 2.0" in card and "BLEU" in card
+
+
+def test_translations_are_non_empty_and_in_the_target_script(shipped):
+    name, translator = shipped
+    for translation in translator.translate(SOURCES[name], beam_size=4):
+        assert translation.text.strip()
+        assert SCRIPT[name].search(translation.text), translation.text
+
+
+def test_greedy_output_equals_transformers(shipped):
+    name, translator = shipped
+    reference = transformers.MarianMTModel.from_pretrained(PRETRAINED_DIR / name, torch_dtype=torch.float32).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(PRETRAINED_DIR / name)
+    ids = translator.encode_source(SOURCES[name])
+    assert ids == [tokenizer(text)["input_ids"] for text in SOURCES[name]]
+    for source, hypotheses in zip(ids, translator.generate(ids, beam_size=1, max_new_tokens=40)):
+        expected = reference.generate(torch.tensor([source]), num_beams=1, do_sample=False, max_new_tokens=40)
+        assert hypotheses[0].token_ids == expected[0, 1:].tolist()
+        assert translator.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(
+            expected[0], skip_special_tokens=True
+        )
