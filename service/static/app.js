@@ -23,10 +23,12 @@ const state = {
 // ---------------------------------------------------------------- API
 
 async function api(path, init = {}) {
-  const response = await fetch(path, {
-    ...init,
-    headers: { Accept: "application/json", ...(init.body ? { "Content-Type": "application/json" } : {}) },
-  });
+  const headers = { Accept: "application/json" };
+  if (init.body) headers["Content-Type"] = "application/json";
+  const key = sessionStorage.getItem("api-key");
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(path, { ...init, headers });
+  if (response.status === 401) $("#api-key-control").hidden = false; // this deployment wants an API key
   let body = null;
   try {
     body = await response.json();
@@ -357,14 +359,14 @@ function renderAlignment(view) {
   const sourceLang = modelInfo(state.explanation.model).source_lang ?? "";
   $("#align-source").replaceChildren(
     ...view.source.map((token, s) =>
-      el("span", { role: "listitem", class: `align-token ${tokenClass(token)}`, "data-s": s, title: token.raw, lang: sourceLang }, token.label),
+      el("span", { class: `align-token ${tokenClass(token)}`, "data-s": s, title: token.raw, lang: sourceLang }, token.label),
     ),
   );
   $("#align-target").replaceChildren(
     ...view.target.map((token, row) =>
       el(
         "button",
-        { type: "button", role: "listitem", class: `align-token tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
+        { type: "button", class: `align-token tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
         token.label,
       ),
     ),
@@ -640,6 +642,12 @@ function init() {
     applyLanguage(next);
   });
   $("#translate-form").addEventListener("submit", onTranslate);
+  $("#api-key").value = sessionStorage.getItem("api-key") ?? "";
+  $("#api-key-control").hidden = !$("#api-key").value;
+  $("#api-key").addEventListener("change", (event) => {
+    sessionStorage.setItem("api-key", event.target.value.trim());
+    if (!state.models.length) loadModels().then(() => setStatus(null));
+  });
   $("#source-text").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("#translate-form").requestSubmit();
   });
