@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from model.checkpoint import save_model
+from model.checkpoint import load_state, save_model
 from model.config import ModelConfig
 from model.search import beam_search
 from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
@@ -75,6 +75,9 @@ class TrainingOptions:
     bf16: bool = False
     checkpoint_minutes: float = 10.0
     save_dtype: str = "float16"
+    joint_vocab: bool = True
+    epoch_eval_limit: int = 0
+    init_from: str = ""
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -127,6 +130,14 @@ def marian_vocab(spm_path: Path) -> dict[str, int]:
 def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], work: Path) -> MarianTokenizer:
     spm_dir = work / "tokenizer"
     spm_dir.mkdir(parents=True, exist_ok=True)
+    if options.init_from:
+        # Continue from an exported model: its tokenizers and vocabulary, unchanged.
+        origin = Path(options.init_from)
+        for name in ("source.spm", "target.spm"):
+            if not (spm_dir / name).exists():
+                shutil.copy(origin / name, spm_dir / name)
+        if options.joint_vocab and not (spm_dir / "joint_vocab.json").exists():
+            shutil.copy(origin / "vocab.json", spm_dir / "joint_vocab.json")
     for side, index, size, coverage in (
         ("source", 0, options.source_vocab_size, options.source_character_coverage),
         ("target", 1, options.target_vocab_size, options.target_character_coverage),
@@ -135,22 +146,41 @@ def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], wo
         if not path.exists():
             logger.info("training %s sentencepiece model (%d pieces)", side, size)
             train_sentencepiece([pair[index] for pair in pairs], path, size, coverage, options.seed)
-    for side in ("source", "target"):
-        vocab_path = spm_dir / f"{side}_vocab.json"
+    if options.joint_vocab:
+        vocab_path = spm_dir / "joint_vocab.json"
         if not vocab_path.exists():
-            vocab_path.write_text(
-                json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8"
-            )
+            vocab_path.write_text(json.dumps(joint_vocab(spm_dir), ensure_ascii=False), encoding="utf-8")
+        source_vocab = target_vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    else:
+        vocabs = []
+        for side in ("source", "target"):
+            vocab_path = spm_dir / f"{side}_vocab.json"
+            if not vocab_path.exists():
+                vocab_path.write_text(
+                    json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8"
+                )
+            vocabs.append(json.loads(vocab_path.read_text(encoding="utf-8")))
+        source_vocab, target_vocab = vocabs
     load = sentencepiece.SentencePieceProcessor
     source_spm, target_spm = load(), load()
     source_spm.Load(str(spm_dir / "source.spm"))
     target_spm.Load(str(spm_dir / "target.spm"))
-    return MarianTokenizer(
-        source_spm,
-        target_spm,
-        json.loads((spm_dir / "source_vocab.json").read_text(encoding="utf-8")),
-        json.loads((spm_dir / "target_vocab.json").read_text(encoding="utf-8")),
-    )
+    return MarianTokenizer(source_spm, target_spm, source_vocab, target_vocab)
+
+
+def joint_vocab(spm_dir: Path) -> dict[str, int]:
+    """One vocabulary for both sides in the OPUS-MT layout: </s>=0, <unk>=1, pieces, <pad> last.
+
+    This is the layout CTranslate2's Marian converter expects (it drops the last row as <pad>
+    and starts the decoder from a zero embedding).
+    """
+    vocab = {EOS: 0, UNK: 1}
+    for side in ("source", "target"):
+        for piece in marian_vocab(spm_dir / f"{side}.spm"):
+            if piece not in (EOS, UNK, PAD):
+                vocab.setdefault(piece, len(vocab))
+    vocab[PAD] = len(vocab)
+    return vocab
 
 
 def make_batches(examples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -237,12 +267,19 @@ def evaluate(
 
 
 # ---- resumable state (safetensors + JSON, no pickle) ---------------------------------
+def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
+    """Every trainable tensor once (tied embeddings share one name), plus final_logits_bias."""
+    weights = {name: t.detach().contiguous() for name, t in model.named_parameters()}
+    weights["final_logits_bias"] = model.final_logits_bias.detach().contiguous()
+    return weights
+
+
 def save_training_state(path: Path, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file({name: t.detach().contiguous() for name, t in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_file(weights_of(model), str(tmp / "model.safetensors"))
     optimizer_state = optimizer.state_dict()
     tensors = {}
     for index, values in optimizer_state["state"].items():
@@ -291,7 +328,7 @@ def build_config(options: TrainingOptions, tokenizer: MarianTokenizer) -> ModelC
     return ModelConfig(
         vocab_size=len(tokenizer.source_vocab),
         decoder_vocab_size=len(tokenizer.target_vocab),
-        share_encoder_decoder_embeddings=False,
+        share_encoder_decoder_embeddings=options.joint_vocab,
         tie_word_embeddings=True,
         d_model=options.d_model,
         encoder_layers=options.encoder_layers,
@@ -309,6 +346,12 @@ def build_config(options: TrainingOptions, tokenizer: MarianTokenizer) -> ModelC
         dropout=options.dropout,
         attention_dropout=options.attention_dropout,
     )
+
+
+def zero_start_embedding(model: Transformer) -> None:
+    """Keep the <pad> row (the decoder's start token) at zero, as Marian and CTranslate2 assume."""
+    with torch.no_grad():
+        model.decoder_embed_tokens.weight[model.config.decoder_start_token_id].zero_()
 
 
 def learning_rate(step: int, options: TrainingOptions) -> float:
@@ -350,6 +393,10 @@ def train(options: TrainingOptions) -> dict:
             torch.nn.init.xavier_uniform_(parameter) if "embed" not in name else torch.nn.init.normal_(
                 parameter, 0, config.d_model**-0.5
             )
+    if options.init_from:
+        load_state(model, load_file(str(Path(options.init_from) / "model.safetensors")), source=options.init_from)
+        logger.info("initialised weights from %s", options.init_from)
+    zero_start_embedding(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
     resume_path = work / "last"
@@ -398,6 +445,7 @@ def train(options: TrainingOptions) -> dict:
             (loss / tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
             optimizer.step()
+            zero_start_embedding(model)
             state["step"] += 1
             state["batch_in_epoch"] = batch_index + 1
             running_loss += loss.detach().item()
@@ -435,16 +483,12 @@ def train(options: TrainingOptions) -> dict:
         }
         if finished_epoch:
             if dev_sources:
-                record.update(evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize))
+                limit = options.epoch_eval_limit or len(dev_sources)  # a fixed prefix of dev keeps epochs comparable
+                record.update(evaluate(model, tokenizer, dev_sources[:limit], dev_refs[:limit], options.bleu_tokenize))
                 if record["bleu"] > state["best_bleu"]:
                     state["best_bleu"] = record["bleu"]
-                    save_file(
-                        {n: t.contiguous() for n, t in model.state_dict().items()}, str(work / "best.safetensors")
-                    )
-            save_file(
-                {n: t.contiguous() for n, t in model.state_dict().items()},
-                str(work / f"epoch-{epoch + 1:03d}.safetensors"),
-            )
+                    save_file(weights_of(model), str(work / "best.safetensors"))
+            save_file(weights_of(model), str(work / f"epoch-{epoch + 1:03d}.safetensors"))
             for old in sorted(work.glob("epoch-*.safetensors"))[: -max(options.average_last, 1)]:
                 old.unlink()
             state["epoch"] += 1
@@ -460,7 +504,7 @@ def train(options: TrainingOptions) -> dict:
 
 def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_refs) -> dict:
     """Pick the best of (best epoch, average of the last epochs, last weights) on dev and export it."""
-    candidates = {"last": {n: t.clone() for n, t in model.state_dict().items()}}
+    candidates = {"last": {n: t.clone() for n, t in weights_of(model).items()}}
     if (work / "best.safetensors").exists():
         candidates["best"] = load_file(str(work / "best.safetensors"))
     epochs = sorted(work.glob("epoch-*.safetensors"))[-options.average_last :]

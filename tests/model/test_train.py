@@ -101,4 +101,19 @@ def test_output_loads_in_our_translator_and_transformers_identically(trained, da
     for source, hypotheses in zip(ids, ours.generate(ids, beam_size=1, max_new_tokens=30)):
         expected = reference.generate(torch.tensor([source]), num_beams=1, do_sample=False, max_new_tokens=30)
         assert hypotheses[0].token_ids == expected[0, 1:].tolist()
-        assert ours.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(expected[0], skip_special_tokens=True)
+        assert ours.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(expected[0], skip_special_tokens=True, use_source_tokenizer=False)
+
+
+def test_output_converts_with_ctranslate2_and_decodes_identically(trained, data, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from ctranslate2.converters import TransformersConverter
+
+    _, _, output = trained
+    converted = TransformersConverter(str(output)).convert(str(tmp_path / "ct2"), quantization="float32")
+    reference = ctranslate2.Translator(converted, device="cpu")
+    ours = Translator.from_pretrained(output, device="cpu")
+    sources = [line.split("\t")[0] for line in (data / "dev.tsv").read_text(encoding="utf-8").splitlines()[:8]]
+    ids = ours.encode_source(sources)
+    expected = reference.translate_batch([ours.tokenizer.source_tokens(row) for row in ids], beam_size=1)
+    for hypotheses, result in zip(ours.generate(ids, beam_size=1), expected):
+        assert ours.tokenizer.target_tokens(hypotheses[0].token_ids)[:-1] == result.hypotheses[0]
