@@ -1,0 +1,45 @@
+"""A no-op Ray Serve application shaped like ours: the reference for what Ray Serve alone costs.
+
+FastAPI ingress (same request schema as POST /v1/translate) → DeploymentHandle → a deployment
+that returns its input. Whatever the real service spends beyond this is ours (model, batching,
+JSON); whatever this costs is Ray Serve's per-request floor on the machine.
+
+    import_path: bench.noop:app      (bench/service.py adds it to its config at /noop)
+"""
+
+# No `from __future__ import annotations`: the replica must resolve the body annotation to the
+# pydantic model, or FastAPI takes `body` for a query parameter and answers 422.
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from service.schemas import TranslateRequest
+
+api = FastAPI(title="no-op reference")
+
+
+@serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0})
+class Echo:
+    """Stands where a translator stands; does no work."""
+
+    async def translate(self, texts: list[str], options: dict) -> list[dict]:
+        return [{"text": text, "target_tokens": []} for text in texts]
+
+
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.ingress(api)
+class EchoIngress:
+    def __init__(self, echo: DeploymentHandle) -> None:
+        self.echo = echo
+
+    @api.post("/v1/translate")
+    async def translate(self, body: TranslateRequest) -> dict:
+        options = {"beam_size": body.beam_size, "n_best": body.n_best, "max_length": body.max_length}
+        return {"model": "noop", "translations": await self.echo.translate.remote(body.texts, options)}
+
+    @api.get("/readyz")
+    async def readyz(self) -> dict:
+        return {"status": "ready"}
+
+
+app = EchoIngress.bind(Echo.bind())

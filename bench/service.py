@@ -1,0 +1,491 @@
+"""Service load benchmark: our Ray Serve app against a no-op Ray Serve app and the raw engine, one run.
+
+    python -m bench.service --quick                  # tiny random models, a few hundred requests: a smoke test
+    python -m bench.service                          # default models; writes bench/results/service-cpu.json
+    python -m bench.service --url http://127.0.0.1:8000 --skip-engine   # load an already running service
+
+Without --url the script starts one `serve run` of deploy/serve.yaml (loopback, a free port)
+with a second application added at /noop: bench/noop.py, FastAPI ingress → handle →
+deployment returning its input, the floor of Ray Serve's per-request cost. It then measures,
+on the same English sentences (shared/data tatoeba dev set):
+
+- engine B=1, engine B=16   model.Translator in this process, with the translator replica's threads;
+- noop 1 text               N requests at concurrency C against the no-op app;
+- service 1 text            the same requests against POST /v1/translate;
+- service 16 texts          requests of 16 texts: the service's tokens/s against engine B=16;
+- nothing lost              (full run) 2,000 single-text requests at concurrency 64: every answer
+                            must be 200, or 503/504 with a JSON error body; no reset, no 500.
+
+The load generator is httpx async on the same 2 cores as the service, so it competes for CPU
+with what it measures; the no-op row pays the same client cost, which keeps the ratio fair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
+
+logger = logging.getLogger("bench.service")
+
+SERVE_CONFIG = REPOSITORY / "deploy" / "serve.yaml"
+DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
+RESULTS = REPOSITORY / "bench" / "results"
+NOOP_PREFIX = "/noop"
+TARGETS = {"single_text_vs_noop": 0.6, "batch_tokens_vs_engine": 0.7}
+
+
+# ---- the load generator ---------------------------------------------------------------
+
+
+def is_error_body(payload: Any) -> bool:
+    """True for the service's error shape {"error": {"code": str, "message": str}}."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("code"), str) and isinstance(error.get("message"), str)
+
+
+def exception_kind(error: BaseException) -> str:
+    """A short name for a failed exchange: resets and protocol errors are what 'nothing lost' forbids."""
+    if isinstance(error, httpx.TimeoutException):
+        return "client_timeout"
+    if isinstance(error, httpx.ConnectError):
+        return "connect_error"
+    if isinstance(error, (httpx.ReadError, httpx.WriteError)):
+        return "connection_reset"
+    if isinstance(error, httpx.RemoteProtocolError):
+        return "protocol_error"
+    return type(error).__name__
+
+
+@dataclass
+class LoadResult:
+    """What N requests at concurrency C got back."""
+
+    name: str
+    requests: int
+    concurrency: int
+    wall_s: float = 0.0
+    statuses: Counter = field(default_factory=Counter)  # HTTP status → count
+    exceptions: Counter = field(default_factory=Counter)  # exception_kind → count (no HTTP answer at all)
+    bad_error_bodies: int = 0  # non-200 answers whose body is not the JSON error shape
+    latencies_s: list[float] = field(default_factory=list)  # of 200 answers
+    texts: int = 0  # texts translated in 200 answers
+    target_tokens: int = 0
+
+    @property
+    def answered(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def lost(self) -> int:
+        """Requests without a clean answer: no HTTP answer, a 5xx other than 503/504, or a malformed error."""
+        unclean = sum(n for status, n in self.statuses.items() if status >= 500 and status not in (503, 504))
+        return sum(self.exceptions.values()) + unclean + self.bad_error_bodies
+
+    def percentile_ms(self, q: float) -> float | None:
+        if not self.latencies_s:
+            return None
+        ordered = sorted(self.latencies_s)
+        return 1000 * ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.statuses.get(200, 0)
+        return {
+            "name": self.name,
+            "requests": self.requests,
+            "concurrency": self.concurrency,
+            "wall_s": round(self.wall_s, 3),
+            "requests_per_s": round(ok / self.wall_s, 2) if self.wall_s else None,
+            "texts_per_s": round(self.texts / self.wall_s, 2) if self.wall_s else None,
+            "tokens_per_s": round(self.target_tokens / self.wall_s, 1) if self.wall_s else None,
+            "p50_ms": _round(self.percentile_ms(50)),
+            "p95_ms": _round(self.percentile_ms(95)),
+            "p99_ms": _round(self.percentile_ms(99)),
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "exceptions": dict(self.exceptions),
+            "bad_error_bodies": self.bad_error_bodies,
+            "lost": self.lost,
+        }
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+async def run_load(
+    url: str,
+    body_for: Callable[[int], dict],
+    requests: int,
+    concurrency: int,
+    *,
+    name: str = "load",
+    timeout_s: float = 60.0,
+    deadline_s: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> LoadResult:
+    """POST body_for(i) to url for i in range(requests), `concurrency` at a time; stop issuing at deadline_s."""
+    result = LoadResult(name, requests, concurrency)
+    counter = iter(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    started = time.perf_counter()
+    stop_at = started + deadline_s if deadline_s else float("inf")
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for index in counter:
+            if time.perf_counter() > stop_at:
+                return
+            sent = time.perf_counter()
+            try:
+                response = await client.post(url, json=body_for(index))
+            except httpx.HTTPError as error:
+                result.exceptions[exception_kind(error)] += 1
+                continue
+            result.statuses[response.status_code] += 1
+            try:
+                payload = response.json()
+            except ValueError:
+                payload = None
+            if response.status_code == 200:
+                result.latencies_s.append(time.perf_counter() - sent)
+                translations = payload.get("translations", []) if isinstance(payload, dict) else []
+                result.texts += len(translations)
+                result.target_tokens += sum(len(t.get("target_tokens", [])) for t in translations)
+            elif not is_error_body(payload):
+                result.bad_error_bodies += 1
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - started
+    result.requests = result.answered + sum(result.exceptions.values())
+    return result
+
+
+def translate_bodies(sentences: list[str], texts_per_request: int, **options: Any) -> Callable[[int], dict]:
+    """Request i carries sentences i*k .. i*k+k-1 (cycling), with the given decoding options."""
+
+    def body_for(index: int) -> dict:
+        start = index * texts_per_request
+        texts = [sentences[(start + j) % len(sentences)] for j in range(texts_per_request)]
+        return {"texts": texts, "source_lang": "en", "target_lang": "zh", **options}
+
+    return body_for
+
+
+# ---- the raw engine reference -----------------------------------------------------------
+
+
+def engine_reference(
+    model_path: str, sentences: list[str], batch_size: int, beam_size: int, threads: int, budget_s: float, name: str
+) -> dict[str, Any]:
+    """model.Translator in this process on the same sentences, in batches of batch_size, for about budget_s."""
+    import torch
+
+    from model import Translator
+
+    torch.set_num_threads(threads)
+    translator = Translator.from_pretrained(model_path, device="cpu")
+    batches = [sentences[i : i + batch_size] for i in range(0, len(sentences) - batch_size + 1, batch_size)]
+    translator.translate(batches[0], beam_size=beam_size)  # warm-up
+    texts = tokens = 0
+    started = time.perf_counter()
+    for batch in batches:
+        translations = translator.translate(batch, beam_size=beam_size)
+        texts += len(batch)
+        tokens += sum(len(t.target_tokens) for t in translations)
+        if time.perf_counter() - started > budget_s:
+            break
+    wall = time.perf_counter() - started
+    return {
+        "name": name,
+        "batch_size": batch_size,
+        "threads": threads,
+        "wall_s": round(wall, 3),
+        "texts": texts,
+        "texts_per_s": round(texts / wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+    }
+
+
+# ---- starting the service and the no-op reference ----------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def bench_config(port: int, model_paths: dict[str, str] | None) -> dict:
+    """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus the no-op app at /noop."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
+    config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
+    application = config["applications"][0]
+    for spec in application["args"]["models"]:
+        if model_paths and spec["id"] in model_paths:
+            spec["path"] = model_paths[spec["id"]]
+    config["applications"] = [
+        application,
+        {"name": "noop", "route_prefix": NOOP_PREFIX, "import_path": "bench.noop:app"},
+    ]
+    return config
+
+
+def serve_environment() -> dict[str, str]:
+    """A fresh local Ray cluster without token auth or usage stats, with the repository importable."""
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_ADDRESS": "local",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p),
+    }
+
+
+def wait_ready(urls: list[str], process: subprocess.Popen | None, timeout_s: float, log_path: Path | None) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(urls)
+    while pending and time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log_path.read_text()[-4000:] if log_path else ""
+            raise RuntimeError(f"serve run exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(pending[0], timeout=5).status_code == 200:
+                pending.pop(0)
+                continue
+        time.sleep(1.0)
+    if pending:
+        raise RuntimeError(f"not ready after {timeout_s:.0f} s: {pending}")
+
+
+def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGINT (serve run shuts Ray down), then SIGKILL to the group it leads if anything lingers."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0) -> Iterator[str]:
+    """`serve run` of config in its own process group; yields the base URL once both apps are ready."""
+    config_path = workdir / "serve.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log_path = workdir / "serve.log"
+    serve = Path(sys.executable).with_name("serve")
+    command = [str(serve) if serve.exists() else "serve", "run", str(config_path)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=REPOSITORY, env=serve_environment(), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{config['http_options']['port']}"
+    try:
+        prefixes = [app["route_prefix"].rstrip("/") for app in config["applications"]]
+        wait_ready([f"{url}{prefix}/readyz" for prefix in prefixes], process, timeout_s, log_path)
+        yield url
+    finally:
+        stop_process_group(process)
+
+
+# ---- the benchmark -----------------------------------------------------------------------
+
+
+def read_sentences(path: Path, limit: int) -> list[str]:
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        sentences = [line.split("\t")[0].strip() for line in lines if line.strip()]
+    else:
+        from tests.tiny import synthetic_corpus
+
+        sentences = [english for english, _ in synthetic_corpus(limit)]
+    return sentences[:limit]
+
+
+def tiny_models(root: Path) -> dict[str, str]:
+    from tests.tiny import make_model_dir
+
+    return {
+        "en-zh": str(make_model_dir(root / "tiny-en-zh", shared=True, seed=0)),
+        "zh-en": str(make_model_dir(root / "tiny-zh-en", shared=False, seed=1)),
+    }
+
+
+def translator_threads(config: dict) -> int:
+    translator = next(d for d in config["applications"][0]["deployments"] if d["name"] == "translator-en-zh")
+    return max(1, int(translator.get("ray_actor_options", {}).get("num_cpus", 1)))
+
+
+def model_path(config: dict, model_id: str = "en-zh") -> str:
+    spec = next(m for m in config["applications"][0]["args"]["models"] if m["id"] == model_id)
+    return os.path.expanduser(os.path.expandvars(spec["path"]))
+
+
+@dataclass
+class Plan:
+    requests: int
+    concurrency: int
+    batch_requests: int  # requests of 16 texts
+    nothing_lost_requests: int
+    nothing_lost_concurrency: int
+    engine_budget_s: float
+    sentences: int
+
+
+def plan_for(args: argparse.Namespace) -> Plan:
+    if args.quick:
+        return Plan(args.requests or 200, args.concurrency or 16, args.batch_requests or 16, 0, 64, 5.0, 256)
+    return Plan(args.requests or 1000, args.concurrency or 32, args.batch_requests or 100, 2000, 64, 30.0, 1000)
+
+
+def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, config: dict) -> dict[str, Any]:
+    plan = plan_for(args)
+    sentences = read_sentences(args.data, plan.sentences)
+    options = {"beam_size": args.beam_size}
+    rows: list[dict[str, Any]] = []
+    engines: dict[int, dict] = {}
+    if not args.skip_engine:
+        threads = args.engine_threads or translator_threads(config)
+        for batch_size in (1, args.texts_per_request):
+            budget = plan.engine_budget_s
+            engines[batch_size] = engine_reference(
+                model_path(config), sentences, batch_size, args.beam_size, threads, budget, f"engine B={batch_size}"
+            )
+            rows.append(engines[batch_size])
+            logger.info("%s", engines[batch_size])
+
+    def load(name: str, target: str, requests: int, concurrency: int, texts: int) -> dict[str, Any]:
+        body_for = translate_bodies(sentences, texts, **options)
+        asyncio.run(run_load(target, body_for, min(concurrency, 8), min(concurrency, 8), name="warm-up"))
+        result = asyncio.run(run_load(target, body_for, requests, concurrency, name=name, deadline_s=args.deadline_s))
+        row = result.summary()
+        logger.info("%s", row)
+        rows.append(row)
+        return row
+
+    noop = load("noop 1 text", f"{noop_url}/v1/translate", plan.requests, plan.concurrency, 1) if noop_url else None
+    single = load("service 1 text", f"{url}/v1/translate", plan.requests, plan.concurrency, 1)
+    k = args.texts_per_request
+    batched = load(f"service {k} texts", f"{url}/v1/translate", plan.batch_requests, plan.concurrency, k)
+    nothing_lost = None
+    if plan.nothing_lost_requests:
+        nothing_lost = load(
+            "nothing lost", f"{url}/v1/translate", plan.nothing_lost_requests, plan.nothing_lost_concurrency, 1
+        )
+
+    checks: dict[str, Any] = {}
+    if noop and noop["requests_per_s"]:
+        ratio = single["requests_per_s"] / noop["requests_per_s"]
+        checks["single_text_vs_noop"] = {"ratio": round(ratio, 3), "target": TARGETS["single_text_vs_noop"]}
+    if k in engines and engines[k]["tokens_per_s"]:
+        ratio = batched["tokens_per_s"] / engines[k]["tokens_per_s"]
+        checks["batch_tokens_vs_engine"] = {"ratio": round(ratio, 3), "target": TARGETS["batch_tokens_vs_engine"]}
+    if nothing_lost is not None:
+        checks["nothing_lost"] = {"lost": nothing_lost["lost"], "statuses": nothing_lost["statuses"], "target": 0}
+    for check in checks.values():
+        check["met"] = check["lost"] == 0 if "lost" in check else check["ratio"] >= check["target"]
+    return {
+        "command": " ".join(["python -m bench.service", *sys.argv[1:]]),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "model": model_path(config),
+        "beam_size": args.beam_size,
+        "rows": rows,
+        "checks": checks,
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    header = f"{'scenario':<18} {'requests':>8} {'conc':>5} {'req/s':>8} {'texts/s':>8} {'tok/s':>8} "
+    header += f"{'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors"
+    print(header)
+    for row in report["rows"]:
+        if row["name"].startswith("engine"):
+            rates = f"{row['texts_per_s']:>8} {row['tokens_per_s']:>8}"
+            print(f"{row['name']:<18} {row['texts']:>8} {'-':>5} {'-':>8} {rates}")
+            continue
+        errors = {k: v for k, v in row["statuses"].items() if k != "200"} | row["exceptions"]
+        if row["bad_error_bodies"]:
+            errors["bad_error_body"] = row["bad_error_bodies"]
+        print(
+            f"{row['name']:<18} {row['requests']:>8} {row['concurrency']:>5} {row['requests_per_s']:>8} "
+            f"{row['texts_per_s']:>8} {row['tokens_per_s']:>8} {_cell(row['p50_ms'])} {_cell(row['p95_ms'])} "
+            f"{_cell(row['p99_ms'])}  {errors or 'none'}"
+        )
+    for name, check in report["checks"].items():
+        figure = f"lost {check['lost']}" if "lost" in check else f"{check['ratio']:.2f} (target >= {check['target']})"
+        print(f"{name}: {figure} {'met' if check['met'] else 'NOT MET'}")
+
+
+def _cell(value: float | None) -> str:
+    return f"{value:>8}" if value is not None else f"{'-':>8}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny random models, few requests: a smoke test")
+    parser.add_argument("--url", help="load this running service instead of starting one (no no-op unless --noop-url)")
+    parser.add_argument("--noop-url", help="with --url: a running bench.noop app, e.g. http://127.0.0.1:8000/noop")
+    parser.add_argument("--model", help="Marian directory for en-zh (default: deploy/serve.yaml's)")
+    parser.add_argument("--requests", type=int, help="single-text requests per row (quick 200, full 1000)")
+    parser.add_argument("--concurrency", type=int, help="concurrent clients (quick 16, full 32)")
+    parser.add_argument("--batch-requests", type=int, help="requests of --texts-per-request texts (quick 16, full 100)")
+    parser.add_argument("--texts-per-request", type=int, default=16)
+    parser.add_argument("--beam-size", type=int, default=4, help="the API's default is 4")
+    parser.add_argument(
+        "--engine-threads", type=int, help="torch threads of the engine rows (default: translator num_cpus)"
+    )
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--deadline-s", type=float, default=300.0, help="stop issuing a row's requests after this")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV whose first column is English")
+    parser.add_argument("--output", type=Path, help="JSON report (default bench/results/service-cpu[-quick].json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    output = args.output or RESULTS / f"service-cpu{'-quick' if args.quick else ''}.json"
+
+    with tempfile.TemporaryDirectory(prefix="bench-service-") as scratch:
+        workdir = Path(scratch)
+        model_paths = tiny_models(workdir) if args.quick else {}
+        if args.model:
+            model_paths["en-zh"] = args.model
+        config = bench_config(free_port(), model_paths)
+        if args.url:
+            report = run_benchmark(args, args.url.rstrip("/"), args.noop_url, config)
+        else:
+            logger.info("starting serve run (deploy/serve.yaml + bench.noop at %s)", NOOP_PREFIX)
+            with serve_running(copy.deepcopy(config), workdir) as url:
+                report = run_benchmark(args, url, url + NOOP_PREFIX, config)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"wrote {output.relative_to(REPOSITORY) if output.is_relative_to(REPOSITORY) else output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
