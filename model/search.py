@@ -65,8 +65,13 @@ def beam_search(
     length_penalty: float = 1.0,
     num_return_sequences: int = 1,
     return_attention: bool = False,
+    min_new_tokens: int = 0,
 ) -> list[list[Hypothesis]]:
-    """Decode every source (ids ending in eos) and return its best hypotheses, best first."""
+    """Decode every source (ids ending in eos) and return its best hypotheses, best first.
+
+    min_new_tokens bans eos before that many tokens (transformers' min_new_tokens); the
+    length budget still ends every hypothesis with eos.
+    """
     config = model.config
     device = model.final_logits_bias.device
     k = beam_size
@@ -82,7 +87,7 @@ def beam_search(
     else:
         budgets = [min(m, limit) for m in max_new_tokens]
 
-    # Encoder once for the whole batch, right-padded; each source repeated k times for its beams.
+    # Encoder once for the whole batch, right-padded.
     width = max(lengths)
     padded = torch.full((batch, width), config.pad_token_id, dtype=torch.long)
     for i, ids in enumerate(source_ids):
@@ -90,13 +95,114 @@ def beam_search(
     padded = padded.to(device)
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     encoder = model.encode(padded, mask)
-    if k > 1:
-        encoder.hidden = encoder.hidden.repeat_interleave(k, dim=0)
-        encoder.mask = encoder.mask.repeat_interleave(k, dim=0)
+    if k == 1:
+        return _greedy(model, encoder, lengths, budgets, length_penalty, min_new_tokens, return_attention)
+    return _beam(model, encoder, lengths, budgets, k, length_penalty, num_return_sequences, min_new_tokens,
+                 return_attention)
+
+
+def _next_logprobs(logits: Tensor, step: int, min_new_tokens: int, ending: list[int], config) -> Tensor:
+    """Log-probabilities (N, V) of the next token, with the constraints transformers applies.
+
+    Normalised over the full vocabulary, then pad is banned; eos is banned before
+    min_new_tokens; rows in `ending` reach their budget and are forced to eos (log-prob 0).
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs[:, config.pad_token_id] = float("-inf")
+    if step + 1 < min_new_tokens:
+        logprobs[:, config.eos_token_id] = float("-inf")
+    if ending:
+        rows = ending if len(ending) < logprobs.size(0) else slice(None)
+        logprobs[rows] = float("-inf")
+        logprobs[rows, config.eos_token_id] = 0.0
+    return logprobs
+
+
+def _greedy(
+    model: Transformer,
+    encoder,
+    lengths: list[int],
+    budgets: list[int],
+    length_penalty: float,
+    min_new_tokens: int,
+    return_attention: bool,
+) -> list[list[Hypothesis]]:
+    """Beam search with k=1, without the beam bookkeeping: argmax per row, finished rows leave the batch.
+
+    Tokens and scores come to the host once per step (they decide which rows leave);
+    the cross-attention of each step stays a tensor until the end.
+    """
+    config = model.config
+    device = encoder.hidden.device
+    batch = len(lengths)
+    cache = model.start_cache(encoder, capacity=max(budgets))
+    active = list(range(batch))  # input index of each row
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    token_logprobs: list[list[float]] = [[] for _ in range(batch)]
+    attention_steps: list[Tensor] = []  # per step (N, L, h, S)
+    attention_rows: list[list[int]] = [[] for _ in range(batch)]  # per input: its row in the concatenated steps
+    offset = 0
+    last_tokens = torch.full((batch,), config.decoder_start_token_id, dtype=torch.long, device=device)
+    for step in range(max(budgets)):
+        logits, cross = model.decode_step(last_tokens, cache, need_weights=return_attention)
+        ending = [row for row, index in enumerate(active) if budgets[index] <= step + 1]
+        logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
+        best = logprobs.argmax(dim=-1)  # (N,)
+        best_logprob = logprobs.gather(1, best[:, None])[:, 0]
+        if return_attention:
+            attention_steps.append(torch.stack(cross, dim=1))  # (N, L, h, S)
+        keep = []
+        for row, (token, logprob) in enumerate(zip(best.tolist(), best_logprob.tolist(), strict=True)):
+            index = active[row]
+            tokens[index].append(token)
+            token_logprobs[index].append(logprob)
+            attention_rows[index].append(offset + row)
+            if token != config.eos_token_id:
+                keep.append(row)
+        offset += len(active)
+        if not keep:
+            break
+        last_tokens = best
+        if len(keep) < len(active):
+            rows = torch.tensor(keep, device=device)
+            cache.reorder(rows)
+            last_tokens = best.index_select(0, rows)
+            active = [active[row] for row in keep]
+
+    attention = torch.cat(attention_steps).cpu() if return_attention else None  # (sum N, L, h, S)
+    output = []
+    for index in range(batch):
+        cross_attention = None
+        if attention is not None:
+            rows = attention[attention_rows[index]]  # (T, L, h, S)
+            cross_attention = rows.permute(1, 2, 0, 3)[..., : lengths[index]].contiguous()  # (L, h, T, S)
+        score = sum(token_logprobs[index])
+        normalized = score / len(tokens[index]) ** length_penalty
+        output.append([Hypothesis(tokens[index], score, token_logprobs[index], cross_attention, normalized)])
+    return output
+
+
+def _beam(
+    model: Transformer,
+    encoder,
+    lengths: list[int],
+    budgets: list[int],
+    k: int,
+    length_penalty: float,
+    num_return_sequences: int,
+    min_new_tokens: int,
+    return_attention: bool,
+) -> list[list[Hypothesis]]:
+    """Beam search proper: each source repeated k times for its beams, 2k candidates per input and step."""
+    config = model.config
+    device = encoder.hidden.device
+    batch = len(lengths)
+    encoder.hidden = encoder.hidden.repeat_interleave(k, dim=0)
+    encoder.mask = encoder.mask.repeat_interleave(k, dim=0)
     cache = model.start_cache(encoder, capacity=max(budgets))
 
-    active = torch.arange(batch)  # original index of each active input
-    budget = torch.tensor(budgets)
+    active = list(range(batch))  # original index of each active input
+    budget = torch.tensor(budgets, device=device)
     running_scores = torch.full((batch, k), NEG_INF, device=device)
     running_scores[:, 0] = 0.0
     last_tokens = torch.full((batch * k,), config.decoder_start_token_id, dtype=torch.long, device=device)
@@ -105,7 +211,8 @@ def beam_search(
     finished_ref = torch.full((batch, k), -1, dtype=torch.long, device=device)  # step * (2k) * batch + a * 2k + j
     improvable = torch.ones(batch, dtype=torch.bool, device=device)
     first_k = torch.arange(2 * k, device=device) < k
-    # Per original input: its final (finished_scores, finished_done, finished_ref) and its row offset per step.
+    candidate_offsets = torch.arange(2 * k, device=device)
+    # Per original input: its final (finished_scores, finished_done, finished_ref).
     results: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     steps: list[_Step] = []
     run_source_row = run_token = run_logprob = None
@@ -113,33 +220,26 @@ def beam_search(
     ref_stride = 2 * k * batch
 
     for step in range(max(budgets)):
-        items = active.numel()
+        items = len(active)
         logits, cross = model.decode_step(last_tokens, cache, need_weights=return_attention)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # normalised over the full vocabulary,
-        logprobs[:, config.pad_token_id] = float("-inf")  # then pad is banned, as transformers does
-        last_step = (budget <= step + 1).repeat_interleave(k).to(device)  # (N,)
-        if bool(last_step.any()):
-            # The final step of a budget forces </s> with log-probability 0 (transformers' forced_eos_token_id).
-            logprobs[last_step] = float("-inf")
-            logprobs[last_step, config.eos_token_id] = 0.0
+        ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
+        logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
         total = (logprobs.view(items, k, vocab) + running_scores[:, :, None]).view(items, k * vocab)
         top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (A, 2k)
         beam = top_index // vocab
         token = top_index % vocab
-        row = torch.arange(items, device=device)[:, None] * k + beam  # row each candidate extends
+        item_rows = torch.arange(items, device=device)[:, None]
+        row = item_rows * k + beam  # row each candidate extends
         token_logprob = logprobs[row, token]
-        out_of_budget = (budget.to(device)[:, None] <= step + 1).expand(-1, 2 * k)
-        hits = (token == config.eos_token_id) | out_of_budget
+        hits = (token == config.eos_token_id) | (budget[:, None] <= step + 1)  # (A, 2k)
 
         # Running beams for the next step: the k best candidates that did not finish.
         next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
 
         # Finished hypotheses: eos (or budget) candidates among the first k, length-normalised.
-        candidate = top_scores / float(step + 1) ** length_penalty
-        candidate = candidate + finished_done.all(dim=1, keepdim=True).float() * NEG_INF
-        candidate = candidate + (~improvable)[:, None].float() * NEG_INF
-        candidate = candidate + (~(hits & first_k)).float() * NEG_INF
-        refs = step * ref_stride + torch.arange(items, device=device)[:, None] * 2 * k + torch.arange(2 * k, device=device)
+        eligible = hits & first_k & improvable[:, None] & ~finished_done.all(dim=1, keepdim=True)
+        candidate = torch.where(eligible, top_scores / float(step + 1) ** length_penalty, top_scores + 2 * NEG_INF)
+        refs = step * ref_stride + item_rows * 2 * k + candidate_offsets
         merged_scores = torch.cat([finished_scores, candidate], dim=1)
         merged_done = torch.cat([finished_done, hits & first_k], dim=1)
         merged_ref = torch.cat([finished_ref, refs], dim=1)
@@ -160,26 +260,30 @@ def beam_search(
                 torch.stack(cross, dim=1).cpu() if return_attention else None,  # (N, L, h, S)
             )
         )
-        for a in torch.nonzero(done).flatten().tolist():
-            results[int(active[a])] = (finished_scores[a].cpu(), finished_done[a].cpu(), finished_ref[a].cpu())
-        if bool(done.all()):
+        done_list = done.tolist()
+        for a, finished in enumerate(done_list):
+            if finished:
+                results[active[a]] = (finished_scores[a].cpu(), finished_done[a].cpu(), finished_ref[a].cpu())
+        if all(done_list):
             break
 
-        # Keep the running inputs only; reorder the cache so row r holds the beam it continues.
-        keep_items = torch.nonzero(~done).flatten()
-        new_rows = row.gather(1, chosen)[keep_items].reshape(-1)  # (A' * k,)
-        last_tokens = token.gather(1, chosen)[keep_items].reshape(-1)
-        run_source_row = new_rows.cpu()
-        run_token = last_tokens.cpu()
-        run_logprob = token_logprob.gather(1, chosen)[keep_items].reshape(-1).cpu()
-        cache.reorder(new_rows)
-        running_scores = next_scores[keep_items]
-        finished_scores = finished_scores[keep_items]
-        finished_done = finished_done[keep_items]
-        finished_ref = finished_ref[keep_items]
-        improvable = improvable[keep_items]
-        budget = budget[keep_items.cpu()]
-        active = active[keep_items.cpu()]
+        # Reorder the cache so row r holds the beam it continues; inputs that are done leave.
+        new_rows = row.gather(1, chosen)  # (A, k)
+        last_tokens = token.gather(1, chosen)
+        new_logprobs = token_logprob.gather(1, chosen)
+        if any(done_list):
+            keep_items = torch.tensor([a for a, finished in enumerate(done_list) if not finished], device=device)
+            new_rows, last_tokens = new_rows[keep_items], last_tokens[keep_items]
+            new_logprobs = new_logprobs[keep_items]
+            running_scores, finished_scores = next_scores[keep_items], finished_scores[keep_items]
+            finished_done, finished_ref = finished_done[keep_items], finished_ref[keep_items]
+            improvable, budget = improvable[keep_items], budget[keep_items]
+            active = [index for index, finished in zip(active, done_list, strict=True) if not finished]
+        else:
+            running_scores = next_scores
+        new_rows, last_tokens = new_rows.reshape(-1), last_tokens.reshape(-1)  # (A' * k,)
+        run_source_row, run_token, run_logprob = new_rows.cpu(), last_tokens.cpu(), new_logprobs.reshape(-1).cpu()
+        cache.reorder(new_rows, same_sources=True)
 
     output: list[list[Hypothesis]] = []
     for index in range(batch):
@@ -195,7 +299,9 @@ def beam_search(
     return output
 
 
-def _backtrack(steps: list[_Step], ref: int, ref_stride: int, k: int, normalized: float, source_length: int) -> Hypothesis:
+def _backtrack(
+    steps: list[_Step], ref: int, ref_stride: int, k: int, normalized: float, source_length: int
+) -> Hypothesis:
     """Rebuild one finished hypothesis from its reference (step, input slot, candidate)."""
     step, rest = divmod(ref, ref_stride)
     item, candidate = divmod(rest, 2 * k)

@@ -74,6 +74,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
+        self._fused: tuple[tuple, Tensor, Tensor] | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
@@ -82,6 +83,28 @@ class MultiHeadAttention(nn.Module):
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K and V for every position of x (B, S, d_model) → two (B, h, S, d_k)."""
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def fused_query_key_value_projection(self) -> tuple[Tensor, Tensor]:
+        """[W_q; W_k; W_v] (3·d_model, d_model) and its bias: one matmul instead of three per decoding step.
+
+        Built on first use and rebuilt whenever a projection's storage or version changes
+        (a dtype/device move, an in-place update), so it never goes stale. Inference only.
+        """
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        stamp = tuple((p.weight.data_ptr(), p.weight._version, p.bias.data_ptr(), p.bias._version) for p in parts)
+        if self._fused is None or self._fused[0] != stamp:
+            weight = torch.cat([p.weight.detach() for p in parts])
+            bias = torch.cat([p.bias.detach() for p in parts])
+            self._fused = (stamp, weight, bias)
+        return self._fused[1], self._fused[2]
+
+    def project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V of x (B, T, d_model) from one fused matmul → three (B, h, T, d_k)."""
+        batch, length, _ = x.shape
+        weight, bias = self.fused_query_key_value_projection()
+        qkv = F.linear(x, weight, bias).view(batch, length, 3, self.heads, self.d_k)  # (B, T, 3, h, d_k)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, h, T, d_k)
+        return query, key, value
 
     def forward(
         self,
@@ -93,8 +116,19 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, d_model) over precomputed key/value (B, h, S, d_k)."""
-        batch, length, d_model = x.shape
-        query = self.split_heads(self.q_proj(x))  # (B, h, T, d_k)
+        return self.attend(self.split_heads(self.q_proj(x)), key, value, mask, need_weights, is_causal)
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Heads already split: query (B, h, T, d_k) over key/value (B, h, S, d_k) → (B, T, d_model), weights."""
+        batch, _, length, _ = query.shape
         if need_weights:
             context, weights = attention(query, key, value, mask)
         else:
@@ -107,7 +141,7 @@ class MultiHeadAttention(nn.Module):
                 dropout_p=self.dropout if self.training else 0.0,
                 is_causal=is_causal,
             )
-        context = context.transpose(1, 2).reshape(batch, length, d_model)  # concatenate heads
+        context = context.transpose(1, 2).reshape(batch, length, self.heads * self.d_k)  # concatenate heads
         return self.out_proj(context), weights
 
 
@@ -135,7 +169,9 @@ class EncoderLayer(nn.Module):
         d = config.d_model
         self.self_attn = MultiHeadAttention(d, config.encoder_attention_heads, config.attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.feed_forward = FeedForward(d, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+        self.feed_forward = FeedForward(
+            d, config.encoder_ffn_dim, config.activation_function, config.activation_dropout
+        )
         self.final_layer_norm = nn.LayerNorm(d)
         self.dropout = config.dropout
 
@@ -151,35 +187,52 @@ class EncoderLayer(nn.Module):
 class DecoderCache:
     """Per-layer K/V for incremental decoding.
 
-    Self-attention K/V live in preallocated buffers (B, h, capacity, d_k) written in
-    place one step at a time; cross-attention K/V are computed once per source.
-    `reorder` selects batch rows: beam reordering and dropping finished sequences.
+    Self-attention K/V live in preallocated buffers (rows, h, capacity, d_k) written in
+    place one step at a time; the first `rows` rows are in use. Cross-attention K/V are
+    computed once per source. `reorder` selects batch rows (beam reordering, dropping
+    finished sequences) by copying into a second set of buffers, so that decoding
+    allocates nothing per step.
     """
 
     self_key: list[Tensor]
     self_value: list[Tensor]
     cross_key: list[Tensor]
     cross_value: list[Tensor]
-    source_mask: Tensor  # (B, 1, 1, S) bool
+    source_mask: Tensor  # (rows, 1, 1, S) bool
     length: int = 0
     capacity: int = 0
+    spare_key: list[Tensor] = field(default_factory=list)
+    spare_value: list[Tensor] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
-
-    def reorder(self, index: Tensor) -> None:
-        filled = self.length
-        for buffers in (self.self_key, self.self_value):
-            for i, buffer in enumerate(buffers):
-                new = buffer.new_empty((index.numel(), *buffer.shape[1:]))
-                new[:, :, :filled] = buffer[:, :, :filled].index_select(0, index)
-                buffers[i] = new
-        for buffers in (self.cross_key, self.cross_value):
-            for i, buffer in enumerate(buffers):
-                buffers[i] = buffer.index_select(0, index)
-        self.source_mask = self.source_mask.index_select(0, index)
 
     @property
     def batch_size(self) -> int:
         return self.source_mask.size(0)
+
+    def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Write one step's K/V (rows, h, 1, d_k) of `layer` at position `length`; return K/V so far."""
+        rows, end = key.size(0), self.length + 1
+        self.self_key[layer][:rows, :, self.length : end] = key
+        self.self_value[layer][:rows, :, self.length : end] = value
+        return self.self_key[layer][:rows, :, :end], self.self_value[layer][:rows, :, :end]  # (rows, h, t, d_k)
+
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Row r becomes old row index[r]. same_sources: every row keeps a row of its own source
+        (beams of one input), so when the row count stays the cross-attention K/V stay as they are."""
+        filled, rows = self.length, index.numel()
+        if not self.spare_key:
+            self.spare_key = [torch.empty_like(b) for b in self.self_key]
+            self.spare_value = [torch.empty_like(b) for b in self.self_value]
+        for buffers, spares in ((self.self_key, self.spare_key), (self.self_value, self.spare_value)):
+            for i, buffer in enumerate(buffers):
+                torch.index_select(buffer[:, :, :filled], 0, index, out=spares[i][:rows, :, :filled])
+                buffers[i], spares[i] = spares[i], buffer
+        if same_sources and rows == self.batch_size:
+            return
+        for buffers in (self.cross_key, self.cross_value):
+            for i, buffer in enumerate(buffers):
+                buffers[i] = buffer.index_select(0, index)
+        self.source_mask = self.source_mask.index_select(0, index)
 
 
 class DecoderLayer(nn.Module):
@@ -193,7 +246,9 @@ class DecoderLayer(nn.Module):
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.encoder_attn = MultiHeadAttention(d, heads, config.attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.feed_forward = FeedForward(d, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+        self.feed_forward = FeedForward(
+            d, config.decoder_ffn_dim, config.activation_function, config.activation_dropout
+        )
         self.final_layer_norm = nn.LayerNorm(d)
         self.dropout = config.dropout
 
@@ -215,6 +270,19 @@ class DecoderLayer(nn.Module):
         x = self.encoder_attn_layer_norm(x + F.dropout(attended, self.dropout, self.training))
         x = self.final_layer_norm(x + F.dropout(self.feed_forward(x), self.dropout, self.training))
         return x, cross_weights
+
+    def step(self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far."""
+        query, key, value = self.self_attn.project_query_key_value(x)  # (N, h, 1, d_k) each
+        self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
+        attended, _ = self.self_attn.attend(query, self_key, self_value, None)
+        x = self.self_attn_layer_norm(x + attended)
+        attended, cross_weights = self.encoder_attn(
+            x, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
+        )
+        x = self.encoder_attn_layer_norm(x + attended)
+        x = self.final_layer_norm(x + self.feed_forward(x))
+        return x, cross_weights  # (N, 1, d_model), (N, h, 1, S) or None
 
 
 @dataclass
@@ -341,27 +409,19 @@ class Transformer(nn.Module):
     def decode_step(
         self, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """One decoding step: last_ids (B,) → logits (B, V) and cross-attention per layer (B, h, S)."""
+        """One decoding step: last_ids (N,) → logits (N, V) and cross-attention per layer (N, h, S).
+
+        The output projection runs for the new position only; N may be below the cache's
+        row count (the search dropped finished rows).
+        """
         step = cache.length
         if step >= cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
-        x = self.embed(self.decoder_embed_tokens, last_ids[:, None], start=step)  # (B, 1, d)
+        x = self.embed(self.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
         cross_attention = [] if need_weights else None
         for i, layer in enumerate(self.decoder_layers):
-            key, value = layer.self_attn.project_key_value(x)  # (B, h, 1, d_k)
-            cache.self_key[i][:, :, step : step + 1] = key
-            cache.self_value[i][:, :, step : step + 1] = value
-            x, weights = layer(
-                x,
-                cache.self_key[i][:, :, : step + 1],
-                cache.self_value[i][:, :, : step + 1],
-                None,
-                cache.cross_key[i],
-                cache.cross_value[i],
-                cache.source_mask,
-                need_weights,
-            )
+            x, weights = layer.step(x, cache, i, need_weights)
             if need_weights:
-                cross_attention.append(weights[:, :, 0])  # (B, h, S)
+                cross_attention.append(weights[:, :, 0])  # (N, h, S)
         cache.length = step + 1
         return self.logits(x[:, 0]), cross_attention

@@ -152,8 +152,12 @@ class Translator:
         num_return_sequences: int = 1,
         return_attention: bool = False,
         length_penalty: float = 1.0,
+        min_new_tokens: int = 0,
     ) -> list[list[Hypothesis]]:
-        """Decode id sequences; per input a list of hypotheses, best first."""
+        """Decode id sequences; per input a list of hypotheses, best first.
+
+        min_new_tokens bans </s> before that many tokens (as transformers' option of that name).
+        """
         if not source_ids:
             return []
         if not 1 <= beam_size <= 64:
@@ -176,6 +180,7 @@ class Translator:
             length_penalty=length_penalty,
             num_return_sequences=num_return_sequences,
             return_attention=return_attention,
+            min_new_tokens=min_new_tokens,
         )
 
     def translate(
