@@ -1,0 +1,5 @@
+"""The translation microservice: a Ray Serve application around model.Translator.
+
+The ingress (service/app.py) speaks HTTP; one translator deployment per model
+(service/deployments.py) batches requests and calls the engine. No tensor math here.
+"""

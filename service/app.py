@@ -1,0 +1,216 @@
+"""The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model.
+
+`build_app(args)` is the Ray Serve application builder named in deploy/serve.yaml
+(`import_path: service.app:build_app`); `args` is validated by service.config.ServiceConfig.
+Errors of every kind become {"error": {"code", "message"}} in service/errors.py.
+"""
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
+from ray import serve
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import FileResponse, Response
+
+from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
+from service.deployments import TranslatorDeployment
+from service.errors import ApiError, error_response, exception_response, json_response
+from service.explanations import decode_explanation_id
+from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
+from service.middleware import ServiceMiddleware
+from service.schemas import (
+    ErrorResponse,
+    ExplainRequest,
+    ExplainResponse,
+    ExplanationResponse,
+    HealthResponse,
+    ModelsResponse,
+    ReadyResponse,
+    TranslateRequest,
+    TranslateResponse,
+)
+
+logger = logging.getLogger("ray.serve")
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+INFO_CACHE_S = 10.0
+
+
+async def _awaited(response: DeploymentResponse) -> Any:
+    return await response
+
+
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 429, 503, 504)}
+
+# serve.ingress serializes the routes when the class is decorated: every helper they use is
+# defined above the class, and annotations are real objects (no `from __future__ import annotations`),
+# so FastAPI can still see the pydantic request models.
+api = FastAPI(
+    title="attention-translate",
+    version="1.0.0",
+    description="Translation whose answers explain themselves: every translation carries the attention that "
+    "produced it, fetchable later by explanation id, and one head's arithmetic can be opened step by step.",
+)
+api.add_middleware(ServiceMiddleware)
+api.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
+
+
+@api.exception_handler(RequestValidationError)
+@api.exception_handler(StarletteHTTPException)
+@api.exception_handler(ApiError)
+async def _handle_error(request: Request, error: Exception) -> Response:
+    return exception_response(error, request.app.state.ingress.config.retry_after_s)
+
+
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.1})
+@serve.ingress(api)
+class Ingress:
+    """Routes, model selection, backpressure and timeouts; the models run in the translator deployments."""
+
+    def __init__(self, config: dict, translators: dict[str, DeploymentHandle]) -> None:
+        self.config = ServiceConfig.model_validate(config)
+        self.metrics = service_metrics(self.config.metrics_dir)
+        self.metrics_dir = os.environ[MULTIPROCESS_ENV]
+        self.api_keys = self.config.resolved_api_keys()
+        self.secret = explanation_secret(self.config.explanation_secret_env)
+        self.specs: dict[str, ModelSpec] = {spec.id: spec for spec in self.config.models}
+        self.translators = translators
+        self.in_flight = 0
+        self._info: list[dict] | None = None
+        self._info_at = 0.0
+        self.metrics.replica_info.labels(*replica_identity()).set(1)
+        api.state.ingress = self
+
+    # ---- model calls -------------------------------------------------------------------
+    def pick_model(self, model: str | None, source_lang: str | None, target_lang: str | None) -> str:
+        available = ", ".join(f"{s.id} ({s.source_lang}→{s.target_lang})" for s in self.specs.values())
+        if model is not None:
+            spec = self.specs.get(model)
+            if spec is None:
+                raise ApiError(404, "model_not_found", f"no model {model!r}; available: {available}")
+            if (source_lang and source_lang != spec.source_lang) or (target_lang and target_lang != spec.target_lang):
+                raise ApiError(
+                    422, "invalid_request", f"model {model} translates {spec.source_lang}→{spec.target_lang}"
+                )
+            return model
+        if source_lang is None and target_lang is None and len(self.specs) == 1:
+            return next(iter(self.specs))
+        if source_lang is None or target_lang is None:
+            raise ApiError(422, "invalid_request", "give either model, or both source_lang and target_lang")
+        for spec in self.specs.values():
+            if spec.source_lang == source_lang and spec.target_lang == target_lang:
+                return spec.id
+        raise ApiError(
+            404, "model_not_found", f"no model translates {source_lang}→{target_lang}; available: {available}"
+        )
+
+    async def call(self, response: DeploymentResponse) -> Any:
+        """Await a translator call within the in-flight limit and the request timeout."""
+        if self.in_flight >= self.config.max_in_flight_requests:
+            response.cancel()
+            raise ApiError(
+                503,
+                "overloaded",
+                "the service is at capacity; retry after a moment",
+                {"Retry-After": str(self.config.retry_after_s)},
+            )
+        self.in_flight += 1
+        try:
+            return await asyncio.wait_for(_awaited(response), self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise ApiError(
+                504, "timeout", f"the model did not answer within {self.config.request_timeout_s:g} s"
+            ) from None
+        finally:
+            self.in_flight -= 1
+
+    async def model_infos(self) -> list[dict]:
+        if self._info is None or time.monotonic() - self._info_at > INFO_CACHE_S:
+            calls = [self.translators[model].info.remote() for model in self.specs]
+            self._info = list(await asyncio.gather(*(self.call(c) for c in calls)))
+            self._info_at = time.monotonic()
+        return self._info
+
+    # ---- routes ------------------------------------------------------------------------
+    @api.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
+    async def translate(self, body: TranslateRequest) -> Response:
+        model = self.pick_model(body.model, body.source_lang, body.target_lang)
+        options = {"beam_size": body.beam_size, "n_best": body.n_best, "max_length": body.max_length}
+        translations = await self.call(self.translators[model].translate.remote(body.texts, options, body.attention))
+        return json_response({"model": model, "translations": translations})
+
+    @api.get(
+        "/v1/explanations/{explanation_id}",
+        response_model=ExplanationResponse,
+        responses=ERRORS,
+        summary="Fetch the attention maps of a translation by its explanation id",
+    )
+    async def explanation(self, explanation_id: str) -> Response:
+        key = decode_explanation_id(explanation_id, self.secret)
+        if key.model_id not in self.specs:
+            raise ApiError(404, "explanation_not_found", f"model {key.model_id!r} of this explanation is not served")
+        handle = self.translators[key.model_id]
+        return json_response(
+            await self.call(handle.explanation.remote(key.weights_digest, key.source_ids, key.target_ids))
+        )
+
+    @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
+    async def explain(self, body: ExplainRequest) -> Response:
+        model = self.pick_model(body.model, body.source_lang, body.target_lang)
+        call = self.translators[model].explain.remote(
+            body.source, body.target, body.kind, body.layer, body.head, body.position, body.beam_size
+        )
+        return json_response(await self.call(call))
+
+    @api.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, summary="Served models")
+    async def models(self) -> Response:
+        return json_response({"models": await self.model_infos()})
+
+    @api.get("/healthz", response_model=HealthResponse, summary="Liveness")
+    async def healthz(self) -> Response:
+        return json_response({"status": "ok"})
+
+    @api.get("/readyz", response_model=ReadyResponse, responses=ERRORS, summary="Readiness: every model loaded")
+    async def readyz(self) -> Response:
+        try:
+            infos = await self.model_infos()
+        except Exception:
+            return error_response(503, "not_ready", "models are still loading", {"Retry-After": "5"})
+        return json_response({"status": "ready", "models": [info["id"] for info in infos]})
+
+    @api.get("/metrics", summary="Prometheus metrics of every replica on this node", response_class=Response)
+    async def metrics(self) -> Response:
+        body = await asyncio.to_thread(render_metrics, self.metrics_dir)
+        return Response(body, media_type=PROMETHEUS_CONTENT_TYPE)
+
+    @api.get("/", include_in_schema=False)
+    async def viewer(self) -> Response:
+        index = STATIC_DIR / "index.html"
+        if not index.is_file():
+            raise ApiError(404, "not_found", "the viewer is not installed")
+        return FileResponse(index, media_type="text/html")
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """The Ray Serve application: the ingress plus one translator deployment per configured model."""
+    config = ServiceConfig.model_validate(args or {})
+    translators = {
+        spec.id: TranslatorDeployment.options(name=translator_deployment_name(spec.id)).bind(
+            spec.model_dump(),
+            max_batch_size=config.max_batch_size,
+            batch_wait_timeout_s=config.batch_wait_timeout_s,
+            explanation_secret_env=config.explanation_secret_env,
+            metrics_dir=config.metrics_dir,
+        )
+        for spec in config.models
+    }
+    return Ingress.bind(config.model_dump(), translators)

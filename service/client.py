@@ -1,0 +1,180 @@
+"""A small HTTP client for the service, sync and async, with timeouts and retries on 503.
+
+    with TranslationClient("http://localhost:8000") as client:
+        result = client.translate(["The cat sat."], source_lang="en", target_lang="zh")
+        maps = client.explanation(result["translations"][0]["explanation_id"])
+
+Errors come back as ServiceError(status, code, message). A 503 (overloaded or a replica
+restarting) and connection failures are retried with backoff, honouring Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+RETRY_STATUSES = (503,)
+
+
+class ServiceError(Exception):
+    """An error answer of the service: HTTP status plus the body's error code and message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+def _error_of(response: httpx.Response) -> ServiceError:
+    try:
+        error = response.json()["error"]
+        return ServiceError(response.status_code, str(error["code"]), str(error["message"]))
+    except (ValueError, KeyError, TypeError):
+        return ServiceError(response.status_code, "http_error", response.text[:200])
+
+
+def _delay(response: httpx.Response | None, attempt: int, backoff_s: float) -> float:
+    retry_after = response.headers.get("retry-after") if response is not None else None
+    if retry_after is not None and retry_after.isdigit():
+        return min(float(retry_after), 30.0)
+    return backoff_s * 2**attempt
+
+
+class _Client:
+    """What both clients share: the routes, the retry policy and the error handling.
+
+    Route methods return `self.request(...)`: a value for TranslationClient, an awaitable
+    for AsyncTranslationClient.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http_options: dict[str, Any] = {"base_url": base_url, "timeout": timeout, "headers": headers}
+
+    def request(self, method: str, path: str, json: Any = None) -> Any:
+        raise NotImplementedError
+
+    def _retry_delay(self, response: httpx.Response | None, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None to stop and answer with `response`."""
+        if attempt >= self.max_retries or (response is not None and response.status_code not in RETRY_STATUSES):
+            return None
+        return _delay(response, attempt, self.backoff_s)
+
+    @staticmethod
+    def _result(response: httpx.Response | None) -> Any:
+        if response is None:
+            raise ServiceError(503, "unreachable", "the service could not be reached")
+        if response.is_success:
+            return response.json() if "json" in response.headers.get("content-type", "") else response.text
+        raise _error_of(response)
+
+    def translate(
+        self,
+        texts: list[str],
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        model: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """POST /v1/translate; options: beam_size, n_best, max_length, attention."""
+        body = {"texts": list(texts), "source_lang": source_lang, "target_lang": target_lang, "model": model, **options}
+        return self.request("POST", "/v1/translate", {k: v for k, v in body.items() if v is not None})
+
+    def explanation(self, explanation_id: str) -> Any:
+        """GET /v1/explanations/{explanation_id}."""
+        return self.request("GET", f"/v1/explanations/{explanation_id}")
+
+    def explain(self, source: str, target: str | None = None, **options: Any) -> Any:
+        """POST /v1/explain; options: source_lang, target_lang, model, kind, layer, head, position, beam_size."""
+        return self.request("POST", "/v1/explain", {"source": source, "target": target, **options})
+
+    def models(self) -> Any:
+        """GET /v1/models: {"models": [...]}."""
+        return self.request("GET", "/v1/models")
+
+
+class TranslationClient(_Client):
+    """Synchronous client."""
+
+    def __init__(
+        self, base_url: str = "http://localhost:8000", transport: httpx.BaseTransport | None = None, **settings: Any
+    ):
+        """settings: api_key, timeout (seconds or httpx.Timeout), max_retries, backoff_s."""
+        super().__init__(base_url, **settings)
+        self.http = httpx.Client(transport=transport, **self.http_options)
+
+    def __enter__(self) -> TranslationClient:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, json: Any = None) -> Any:
+        for attempt in itertools.count():
+            try:
+                response = self.http.request(method, path, json=json)
+            except httpx.TransportError:
+                if attempt >= self.max_retries:
+                    raise
+                response = None
+            delay = self._retry_delay(response, attempt)
+            if delay is None:
+                return self._result(response)
+            time.sleep(delay)
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+class AsyncTranslationClient(_Client):
+    """Asynchronous client: the same methods, awaitable."""
+
+    def __init__(
+        self,
+        base_url: str = "http://localhost:8000",
+        transport: httpx.AsyncBaseTransport | None = None,
+        **settings: Any,
+    ):
+        """settings: api_key, timeout (seconds or httpx.Timeout), max_retries, backoff_s."""
+        super().__init__(base_url, **settings)
+        self.http = httpx.AsyncClient(transport=transport, **self.http_options)
+
+    async def __aenter__(self) -> AsyncTranslationClient:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, json: Any = None) -> Any:
+        for attempt in itertools.count():
+            try:
+                response = await self.http.request(method, path, json=json)
+            except httpx.TransportError:
+                if attempt >= self.max_retries:
+                    raise
+                response = None
+            delay = self._retry_delay(response, attempt)
+            if delay is None:
+                return self._result(response)
+            await asyncio.sleep(delay)
+
+    async def ready(self) -> bool:
+        try:
+            return (await self.http.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False

@@ -1,0 +1,103 @@
+"""The application's configuration: which models to serve and the knobs of the service.
+
+`ServiceConfig` validates the `args` of the Ray Serve application (deploy/serve.yaml,
+`applications[].args`). Model files are loaded only from the locations listed here,
+never from a path a client sends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class ModelSpec(BaseModel):
+    """One served model: its public id, where its Marian directory lives and its language pair."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=MODEL_ID_PATTERN, description="Public model id, used in requests and explanation ids.")
+    path: str = Field(
+        description="A Marian model directory (absolute, or relative to the replica's working directory; "
+        "$VARS and ~ are expanded), or the name of a model shipped in model/pretrained/."
+    )
+    source_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
+    target_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
+    dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16)$", description="Weights' dtype on the device.")
+
+    @property
+    def expanded_path(self) -> str:
+        return os.path.expanduser(os.path.expandvars(self.path))
+
+
+DEFAULT_MODELS = [
+    ModelSpec(id="en-zh", path="en-zh", source_lang="en", target_lang="zh"),
+    ModelSpec(id="zh-en", path="zh-en", source_lang="zh", target_lang="en"),
+]
+
+
+class ServiceConfig(BaseModel):
+    """Everything deploy/serve.yaml may set under the application's `args`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelSpec] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MODELS], min_length=1)
+    max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (@serve.batch).")
+    batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="How long a batch waits to fill.")
+    request_timeout_s: float = Field(30.0, gt=0, le=600, description="A model call slower than this answers 504.")
+    max_in_flight_requests: int = Field(
+        128, ge=0, description="Model calls one ingress replica runs at once; more answer 503 with Retry-After."
+    )
+    retry_after_s: int = Field(1, ge=0, le=3600, description="The Retry-After header sent with 503.")
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies answer 413.")
+    api_keys: list[str] = Field(default_factory=list, description="Accepted API keys (prefer api_keys_env).")
+    api_keys_env: str = Field("TRANSLATE_API_KEYS", description="Environment variable with comma-separated API keys.")
+    protect_operational_routes: bool = Field(
+        False, description="Also require an API key on /healthz, /readyz and /metrics."
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins; none by default.")
+    explanation_secret_env: str = Field(
+        "TRANSLATE_EXPLANATION_SECRET",
+        description="Environment variable holding the key that signs explanation ids (same on every replica).",
+    )
+    metrics_dir: str | None = Field(
+        None, description="prometheus_client multiprocess directory shared by the replicas of one node."
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_keys(cls, keys: list[str]) -> list[str]:
+        if any(not key for key in keys):
+            raise ValueError("api_keys must not contain empty strings")
+        return keys
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> ServiceConfig:
+        ids = [m.id for m in self.models]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"model ids must be unique, got {ids}")
+        return self
+
+    def resolved_api_keys(self) -> list[str]:
+        """Keys from the config plus those in the api_keys_env environment variable."""
+        from_env = [key.strip() for key in re.split(r"[,\s]+", os.environ.get(self.api_keys_env, "")) if key.strip()]
+        return [*self.api_keys, *from_env]
+
+
+# Explanation ids are integrity-checked with this key unless a deployment sets its own.
+# A forged id can only request a forced decode of chosen ids, which /v1/explain allows anyway.
+DEFAULT_EXPLANATION_SECRET = "attention-translate/explanations/v1"
+
+
+def explanation_secret(environment_variable: str) -> bytes:
+    """The key signing explanation ids, read in each replica from its environment."""
+    return os.environ.get(environment_variable, DEFAULT_EXPLANATION_SECRET).encode("utf-8")
+
+
+def translator_deployment_name(model_id: str) -> str:
+    """The Ray Serve deployment name of a model's translator, as deploy/serve.yaml refers to it."""
+    return f"translator-{model_id}"

@@ -1,0 +1,238 @@
+"""The translator deployment: one per model, batching concurrent texts into shared decodes.
+
+Each text of each request becomes one item of a @serve.batch queue, so a request with many
+texts is spread over batches and concurrent requests share them. Items with different
+decoding options (beam size, n-best, length budget) arrive in the same batch and are
+grouped; each group is one call to the engine, run in a worker thread so the replica keeps
+accepting requests while it decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+
+from model import InputTooLongError, Translator
+from model.explain import attention_steps, forced_decode
+from model.translator import token_alignment
+from service.config import ModelSpec, explanation_secret
+from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
+from service.metrics import replica_identity, service_metrics
+from service.results import hypothesis_json, steps_json
+
+logger = logging.getLogger("ray.serve")
+
+SPECIAL_PIECES = ("</s>", "<pad>")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What must be equal for texts to share one engine call."""
+
+    beam_size: int = 4
+    n_best: int = 1
+    max_length: int | None = None
+
+
+@dataclass
+class BatchItem:
+    text: str
+    options: DecodeOptions
+    attention: str  # "none" | "summary" | "full": only changes what is returned
+    enqueued_at: float
+
+
+def _torch_dtype(name: str):
+    import torch  # the dtype object is the engine's vocabulary; no math happens here
+
+    return getattr(torch, name)
+
+
+@serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1})
+class TranslatorDeployment:
+    """Serves one model: translate (batched), fetch explanations, explain step by step."""
+
+    def __init__(
+        self,
+        spec: dict,
+        max_batch_size: int = 16,
+        batch_wait_timeout_s: float = 0.01,
+        explanation_secret_env: str = "TRANSLATE_EXPLANATION_SECRET",
+        metrics_dir: str | None = None,
+    ) -> None:
+        self.spec = ModelSpec.model_validate(spec)
+        self.metrics = service_metrics(metrics_dir)
+        self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=_torch_dtype(self.spec.dtype))
+        self.secret = explanation_secret(explanation_secret_env)
+        self.translate_batch.set_max_batch_size(max_batch_size)
+        self.translate_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        config = self.translator.config
+        deployment, replica = replica_identity()
+        self.replica = replica
+        self.metrics.model_info.labels(
+            self.spec.id,
+            self.spec.source_lang,
+            self.spec.target_lang,
+            self.translator.weights_digest,
+            str(self.translator.device),
+            replica,
+        ).set(1)
+        self.metrics.replica_info.labels(deployment, replica).set(1)
+        self.info_json = {
+            "id": self.spec.id,
+            "source_lang": self.spec.source_lang,
+            "target_lang": self.spec.target_lang,
+            "weights_digest": self.translator.weights_digest,
+            "device": str(self.translator.device),
+            "encoder_layers": config.encoder_layers,
+            "decoder_layers": config.decoder_layers,
+            "encoder_attention_heads": config.encoder_attention_heads,
+            "decoder_attention_heads": config.decoder_attention_heads,
+            "d_model": config.d_model,
+            "alignment_layer": self.translator.alignment_layer,
+            "max_source_tokens": config.max_position_embeddings,
+        }
+        logger.info("translator %s loaded from %s on %s", self.spec.id, self.spec.path, self.translator.device)
+
+    def info(self) -> dict[str, Any]:
+        return self.info_json
+
+    # ---- translate -----------------------------------------------------------------------
+    async def translate(self, texts: list[str], options: dict[str, Any], attention: str = "none") -> list[dict]:
+        """Translate a request's texts; each text joins the batch queue on its own."""
+        source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
+        decode_options = DecodeOptions(**options)
+        self._check_length_budget(decode_options)
+        for ids in source_ids:
+            self.metrics.source_length.labels(self.spec.id).observe(len(ids))
+        now = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(self.translate_batch(BatchItem(text, decode_options, attention, now)) for text in texts)
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+        return outcomes
+
+    def _check_length_budget(self, options: DecodeOptions) -> None:
+        limit = self.translator.config.max_position_embeddings
+        if options.max_length is not None and options.max_length > limit:
+            raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
+    async def translate_batch(self, items: list[BatchItem]) -> list[dict | Exception]:
+        started = time.monotonic()
+        model = self.spec.id
+        self.metrics.batch_size.labels(model).observe(len(items))
+        for item in items:
+            self.metrics.queue_wait.labels(model).observe(started - item.enqueued_at)
+        groups: dict[DecodeOptions, list[int]] = defaultdict(list)
+        for index, item in enumerate(items):
+            groups[item.options].append(index)
+        outcomes: list[dict | Exception] = [None] * len(items)  # type: ignore[list-item]
+        for options, indices in groups.items():
+            try:
+                translations = await asyncio.to_thread(
+                    self.translator.translate,
+                    [items[i].text for i in indices],
+                    beam_size=options.beam_size,
+                    max_new_tokens=options.max_length,
+                    num_return_sequences=options.n_best,
+                    return_attention=any(items[i].attention != "none" for i in indices),
+                )
+                for index, translation in zip(indices, translations):
+                    outcomes[index] = self._translation_json(translation, items[index].attention)
+            except Exception as error:  # one group's failure must not fail the others
+                for index in indices:
+                    outcomes[index] = error
+        self.metrics.batch_duration.labels(model).observe(time.monotonic() - started)
+        return outcomes
+
+    def _translation_json(self, translation, attention: str) -> dict:
+        self.metrics.texts.labels(self.spec.id, self.replica).inc()
+        self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
+        self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
+        layer = self.translator.alignment_layer
+        result = hypothesis_json(
+            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, layer
+        )
+        result["alternatives"] = [
+            hypothesis_json(
+                alternative, self._explanation_id(alternative.source_ids, alternative.target_ids), attention, layer
+            )
+            for alternative in translation.alternatives
+        ] or None
+        return result
+
+    def _explanation_id(self, source_ids: list[int], target_ids: list[int]) -> str:
+        key = ExplanationKey(self.spec.id, self.translator.weights_digest, tuple(source_ids), tuple(target_ids))
+        return encode_explanation_id(key, self.secret)
+
+    # ---- explanations --------------------------------------------------------------------
+    async def explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict:
+        """Recompute a translation's maps by forced decoding (GET /v1/explanations/{id})."""
+        if weights_digest != self.translator.weights_digest:
+            raise ExplanationNotFoundError(
+                f"this explanation was made with weights {weights_digest}; model {self.spec.id} now serves "
+                f"{self.translator.weights_digest}"
+            )
+        return await asyncio.to_thread(self._forced_decode_json, list(source_ids), list(target_ids), "explanation")
+
+    def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str) -> dict:
+        """The explanation object; with kind "explain" also the encoder self-attention."""
+        decoded = forced_decode(self.translator.model, source_ids, target_ids)
+        self.metrics.forced_decodes.labels(self.spec.id, kind).inc()
+        tokenizer = self.translator.tokenizer
+        source_tokens = tokenizer.source_tokens(source_ids)
+        layer = self.translator.alignment_layer
+        result = {
+            "model": self.spec.id,
+            "explanation_id": self._explanation_id(source_ids, target_ids),
+            "source": _source_text(source_tokens),
+            "translation": tokenizer.decode(target_ids),
+            "source_tokens": source_tokens,
+            "target_tokens": tokenizer.target_tokens(target_ids),
+            "token_scores": [float(x) for x in decoded.token_logprobs],
+            "alignment_layer": layer,
+            "alignment": [list(pair) for pair in token_alignment(decoded.cross_attention, layer)],
+            "cross_attention": decoded.cross_attention.tolist(),
+        }
+        if kind == "explain":
+            result["encoder_self_attention"] = decoded.encoder_self_attention.tolist()
+        return result
+
+    async def explain(
+        self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
+    ) -> dict:
+        """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain)."""
+        source_ids = self.translator.encode_source([source])[0]
+        if target is None:
+            own = await self.translate([source], {"beam_size": beam_size}, "none")
+            target_ids = list(decode_explanation_id(own[0]["explanation_id"], self.secret).target_ids)
+        else:
+            target_ids = self.translator.tokenizer.encode_target(target)
+            limit = self.translator.config.max_position_embeddings
+            if len(target_ids) > limit:
+                raise InputTooLongError(f"target has {len(target_ids)} tokens; this model accepts at most {limit}")
+        config = self.translator.config
+        if layer is None:
+            layer = self.translator.alignment_layer if kind == "cross" else config.encoder_layers - 1
+
+        def run() -> dict:
+            result = self._forced_decode_json(source_ids, target_ids, "explain")
+            steps = attention_steps(self.translator.model, source_ids, target_ids, kind, layer, head, position)
+            result["steps"] = steps_json(steps)
+            return result
+
+        return await asyncio.to_thread(run)
+
+
+def _source_text(source_tokens: list[str]) -> str:
+    pieces = [piece for piece in source_tokens if piece not in SPECIAL_PIECES]
+    return "".join(pieces).replace("\u2581", " ").strip()

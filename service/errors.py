@@ -1,0 +1,126 @@
+"""Every HTTP error the service answers is made here: exception → status, code, message.
+
+Bodies are always {"error": {"code", "message"}}. Messages name the problem, never a stack
+trace, a file path or a Ray internal; unexpected exceptions are logged and answered 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from model import CheckpointError, InputTooLongError, InvalidInputError, UnknownModelError
+from service.explanations import ExplanationIdError, ExplanationNotFoundError
+
+logger = logging.getLogger("ray.serve")
+
+
+class ApiError(Exception):
+    """An error the service raises on purpose, already shaped for HTTP."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """Compact JSON; a non-finite float (a -inf log-probability) becomes null instead of invalid JSON."""
+    try:
+        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        body = json.dumps(_finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(body.encode("utf-8"), status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": {"code": code, "message": message}}, status, headers)
+
+
+def _cause(error: BaseException) -> BaseException:
+    """The user-level exception inside a Ray RayTaskError (whose str() carries a traceback)."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+def _validation_message(error: RequestValidationError) -> tuple[int, str, str]:
+    problems = error.errors()
+    if any(problem.get("type") == "json_invalid" for problem in problems):
+        return 400, "invalid_json", "the request body is not valid JSON"
+    parts = []
+    for problem in problems[:5]:
+        location = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or "body"
+        parts.append(f"{location}: {problem.get('msg', 'invalid')}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    return 422, "invalid_request", "; ".join(parts) + more
+
+
+def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, str, dict[str, str]]:
+    """(status, code, message, headers) for any exception: the service's one error mapping."""
+    retry = {"Retry-After": str(retry_after_s)}
+    if isinstance(error, ApiError):
+        return error.status, error.code, error.message, error.headers
+    if isinstance(error, RequestValidationError):
+        return (*_validation_message(error), {})
+    if isinstance(error, StarletteHTTPException):
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        message = {404: "no such route", 405: "method not allowed on this route"}.get(
+            error.status_code, str(error.detail)
+        )
+        return (
+            error.status_code,
+            codes.get(error.status_code, f"http_{error.status_code}"),
+            message,
+            dict(error.headers or {}),
+        )
+    cause = _cause(error)
+    if isinstance(cause, ExplanationIdError):
+        return 400, "invalid_explanation_id", str(cause), {}
+    if isinstance(cause, ExplanationNotFoundError):
+        return 404, "explanation_not_found", str(cause), {}
+    if isinstance(cause, InputTooLongError):
+        return 413, "input_too_long", str(cause), {}
+    if isinstance(cause, InvalidInputError):
+        return 422, "invalid_input", str(cause), {}
+    if isinstance(cause, UnknownModelError):
+        return 404, "model_not_found", str(cause), {}
+    if isinstance(cause, CheckpointError):
+        logger.error("model unavailable: %s", cause)
+        return 503, "model_unavailable", "the model could not be loaded; try again later", retry
+    if isinstance(cause, BackPressureError):
+        return 503, "overloaded", "the service is at capacity; retry after a moment", retry
+    if isinstance(cause, TimeoutError):
+        return 504, "timeout", "the model did not answer in time", {}
+    if isinstance(cause, (DeploymentUnavailableError, RayServeException)) or type(cause).__name__ in (
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "ReplicaUnavailableError",
+        "RequestCancelledError",
+        "TaskCancelledError",
+    ):
+        logger.warning("translator unavailable: %s", type(cause).__name__)
+        return 503, "unavailable", "the model is temporarily unavailable; retry after a moment", retry
+    logger.exception("unexpected error", exc_info=error)
+    return 500, "internal_error", "internal error", {}
+
+
+def exception_response(error: BaseException, retry_after_s: int = 1) -> Response:
+    status, code, message, headers = describe(error, retry_after_s)
+    return error_response(status, code, message, headers)

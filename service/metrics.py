@@ -1,0 +1,162 @@
+"""Prometheus metrics that add up across replicas: prometheus_client in multiprocess mode.
+
+Every replica process (ingress and translators) writes its samples to memory-mapped files in
+one directory per node; GET /metrics merges the files of all processes on the node, so the
+counts scraped equal the requests served, whichever replica served them. A registry held in
+one process would be invisible to a scrape answered by another (DESIGN.md, Metrics).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+
+from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512)
+
+__all__ = [
+    "PROMETHEUS_CONTENT_TYPE",
+    "ServiceMetrics",
+    "configure_metrics_directory",
+    "render_metrics",
+    "service_metrics",
+]
+
+
+def default_metrics_directory() -> str:
+    """One directory per Ray node and cluster start, so a fresh cluster starts from zero."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:16]
+    except Exception:  # outside Ray (unit use): one directory per machine
+        node = "local"
+    return os.path.join(tempfile.gettempdir(), "attention-translate-metrics", node)
+
+
+def configure_metrics_directory(directory: str | None = None) -> str:
+    """Point this process's metrics at the shared directory; call before the first metric is created."""
+    directory = directory or os.environ.get(MULTIPROCESS_ENV) or default_metrics_directory()
+    os.makedirs(directory, exist_ok=True)
+    os.environ[MULTIPROCESS_ENV] = directory
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        # prometheus_client chose its value class when first imported, before the variable was set.
+        values.ValueClass = values.MultiProcessValue()
+    return directory
+
+
+class ServiceMetrics:
+    """The service's metric families; one instance per process (see `service_metrics`)."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "translation_http_requests",
+            "HTTP requests answered, by route template and status.",
+            ["route", "method", "status"],
+        )
+        self.request_duration = Histogram(
+            "translation_http_request_duration_seconds",
+            "Time to answer an HTTP request.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "translation_batch_size", "Texts decoded together in one batch.", ["model"], buckets=BATCH_SIZE_BUCKETS
+        )
+        self.queue_wait = Histogram(
+            "translation_batch_queue_wait_seconds",
+            "Time a text waited in the batch queue before its batch started.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.batch_duration = Histogram(
+            "translation_batch_duration_seconds", "Time to decode one batch.", ["model"], buckets=LATENCY_BUCKETS
+        )
+        self.texts = Counter(
+            "translation_texts", "Texts translated, by the replica that translated them.", ["model", "replica"]
+        )
+        self.source_tokens = Counter("translation_source_tokens", "Source tokens read (with </s>).", ["model"])
+        self.target_tokens = Counter(
+            "translation_target_tokens", "Target tokens generated (best hypothesis).", ["model"]
+        )
+        self.source_length = Histogram(
+            "translation_source_length_tokens", "Source tokens per text.", ["model"], buckets=TOKEN_BUCKETS
+        )
+        self.forced_decodes = Counter(
+            "translation_forced_decodes", "Forced decodes run for explanations, by kind.", ["model", "kind"]
+        )
+        self.model_info = Gauge(
+            "translation_model_info",
+            "A translator replica serving a model (value 1).",
+            ["model", "source_lang", "target_lang", "weights_digest", "device", "replica"],
+            multiprocess_mode="liveall",
+        )
+        self.replica_info = Gauge(
+            "translation_replica_info",
+            "A live replica of a deployment (value 1).",
+            ["deployment", "replica"],
+            multiprocess_mode="liveall",
+        )
+
+
+_metrics: ServiceMetrics | None = None
+
+
+def service_metrics(directory: str | None = None) -> ServiceMetrics:
+    """This process's metrics, writing to the node's shared directory."""
+    global _metrics
+    if _metrics is None:
+        configure_metrics_directory(directory)
+        _metrics = ServiceMetrics()
+    return _metrics
+
+
+def replica_identity() -> tuple[str, str]:
+    """(deployment name, replica id) of the calling Serve replica, for info labels."""
+    try:
+        from ray import serve
+
+        context = serve.get_replica_context()
+        return context.deployment, context.replica_id.unique_id
+    except Exception:  # not inside a replica
+        return "local", str(os.getpid())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def forget_dead_processes(directory: str) -> None:
+    """Drop the live gauges (replica and model info) of processes that have exited on this node.
+
+    Counters and histograms of exited processes stay: what they counted did happen.
+    """
+    pids = set()
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        match = re.search(r"_(\d+)\.db$", path)
+        if match:
+            pids.add(int(match.group(1)))
+    for pid in pids:
+        if not _pid_alive(pid):
+            multiprocess.mark_process_dead(pid, directory)
+
+
+def render_metrics(directory: str) -> bytes:
+    """The Prometheus text exposition of every process writing to `directory`."""
+    forget_dead_processes(directory)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return generate_latest(registry)

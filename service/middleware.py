@@ -1,0 +1,182 @@
+"""One ASGI middleware in front of the routes: metrics, CORS, body size limit, API keys.
+
+It reads its settings from the ingress replica (`app.state.ingress`), so the routes stay a
+module-level FastAPI app while the knobs come from deploy/serve.yaml.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Match, Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ApiError, error_response, exception_response
+
+OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
+PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+PUBLIC_PREFIXES = ("/static/",)
+
+
+class BodyTooLargeError(StarletteHTTPException):
+    """Raised while reading a body past the limit; an HTTPException so FastAPI passes it through."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request bodies are limited to {limit} bytes")
+
+
+def route_path(scope: Scope) -> str:
+    """The path below the application's route prefix (Serve sets root_path to the prefix)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
+
+
+def route_template(routes: list, scope: Scope) -> str:
+    """The route template ("/v1/explanations/{explanation_id}") a request matches: a low-cardinality label."""
+    for route in routes:
+        nested = getattr(getattr(route, "original_router", None), "routes", None)  # FastAPI's included routers
+        if nested is not None:
+            found = route_template(nested, scope)
+            if found != "unmatched":
+                return found
+            continue
+        path = getattr(route, "path", None)
+        if path is not None and route.matches(scope)[0] != Match.NONE:
+            return path + "/" if isinstance(route, Mount) else path
+    return "unmatched"
+
+
+def presented_key(headers: dict[bytes, bytes]) -> str | None:
+    """The API key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    authorization = headers.get(b"authorization", b"").decode("latin-1")
+    if authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    key = headers.get(b"x-api-key")
+    return key.decode("latin-1").strip() if key is not None else None
+
+
+def key_is_valid(presented: str | None, accepted: list[str]) -> bool:
+    """Constant-time comparison against every accepted key (no early exit on a match)."""
+    presented_bytes = (presented or "").encode("utf-8")
+    valid = False
+    for key in accepted:
+        valid |= hmac.compare_digest(presented_bytes, key.encode("utf-8"))
+    return valid and presented is not None
+
+
+class ServiceMiddleware:
+    """Counts and times every response, then applies CORS, the body limit and the API keys."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._cors: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ingress = scope["app"].state.ingress
+        started = time.perf_counter()
+        counted = False
+
+        def count(status: int) -> None:
+            nonlocal counted
+            if counted:
+                return
+            counted = True
+            matched = getattr(scope.get("route"), "path", None)  # set by FastAPI once a route matched
+            route = matched or route_template(scope["app"].routes, scope)
+            ingress.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            ingress.metrics.request_duration.labels(route).observe(time.perf_counter() - started)
+
+        async def send_counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                count(message["status"])  # before the client can see the answer, so a scrape after it counts it
+            await send(message)
+
+        try:
+            await self._cors_app(ingress)(scope, receive, send_counting)
+        except Exception as error:  # anything the routes did not turn into a response: still our error shape
+            if counted:
+                raise
+            await exception_response(error, ingress.config.retry_after_s)(scope, receive, send_counting)
+        finally:
+            count(499)  # the client went away before any answer
+
+    def _cors_app(self, ingress: Any) -> ASGIApp:
+        if self._cors is None:
+            origins = ingress.config.cors_origins
+            guarded = self._guarded
+            self._cors = (
+                CORSMiddleware(
+                    guarded,
+                    allow_origins=origins,
+                    allow_methods=["GET", "POST", "OPTIONS"],
+                    allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+                    expose_headers=["Retry-After"],
+                    max_age=600,
+                )
+                if origins
+                else guarded
+            )
+        return self._cors
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ingress = scope["app"].state.ingress
+        config = ingress.config
+        path = route_path(scope)
+        if ingress.api_keys and self._needs_key(path, config.protect_operational_routes):
+            headers = dict(scope["headers"])
+            if not key_is_valid(presented_key(headers), ingress.api_keys):
+                response = error_response(
+                    401,
+                    "unauthorized",
+                    "a valid API key is required (Authorization: Bearer <key> or X-API-Key)",
+                    {"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        limit = config.max_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await error_response(413, "body_too_large", f"request bodies are limited to {limit} bytes")(
+                scope, receive, send
+            )
+            return
+        received = 0
+        response_started = False
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLargeError(limit)
+            return message
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive_limited, send_tracking)
+        except BodyTooLargeError:
+            if not response_started:
+                await error_response(413, "body_too_large", f"request bodies are limited to {limit} bytes")(
+                    scope, receive, send
+                )
+
+    @staticmethod
+    def _needs_key(path: str, protect_operational_routes: bool) -> bool:
+        if path in OPERATIONAL_PATHS:
+            return protect_operational_routes
+        return not (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES))
+
+
+__all__ = ["ApiError", "ServiceMiddleware", "key_is_valid", "presented_key", "route_template"]

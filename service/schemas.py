@@ -1,0 +1,186 @@
+"""The REST API v1, as pydantic models: requests, responses and errors. FastAPI turns this file into /docs.
+
+Limits live here as constants so that /openapi.json states them and validation enforces them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TEXTS = 64
+MAX_TEXT_CHARS = 2000
+MAX_BEAM_SIZE = 8
+MAX_LENGTH = 512
+
+AttentionLevel = Literal["none", "summary", "full"]
+AttentionKind = Literal["cross", "encoder_self"]
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+ModelId = Annotated[str, Field(min_length=1, max_length=64, description="A model id from GET /v1/models.")]
+Language = Annotated[str, Field(min_length=2, max_length=16, pattern=r"^[A-Za-z-]+$")]
+AlignmentPair = Annotated[list[int], Field(min_length=2, max_length=2, description="[source_index, target_index]")]
+
+
+class ModelChoice(BaseModel):
+    """Pick a model by id, or by language pair."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: ModelId | None = Field(None, description="Model id; alternative to source_lang + target_lang.")
+    source_lang: Language | None = Field(None, examples=["en"])
+    target_lang: Language | None = Field(None, examples=["zh"])
+
+
+class TranslateRequest(ModelChoice):
+    """POST /v1/translate."""
+
+    texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS, examples=[["The cat sat on the mat."]])
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 is greedy decoding.")
+    n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="Hypotheses per text (best first); at most beam_size.")
+    max_length: int | None = Field(
+        None, ge=1, le=MAX_LENGTH, description="Most target tokens to generate; default 2 × source + 10."
+    )
+    attention: AttentionLevel = Field(
+        "none",
+        description='"summary": head-averaged cross-attention of the alignment layer; '
+        '"full": also every layer and head. The explanation_id gives the same maps later.',
+    )
+
+    @model_validator(mode="after")
+    def _n_best_within_beam(self) -> TranslateRequest:
+        if self.n_best > self.beam_size:
+            raise ValueError("n_best must not exceed beam_size")
+        return self
+
+
+class AttentionMaps(BaseModel):
+    layer: int = Field(description="The decoder layer of `summary` (the alignment layer).")
+    summary: list[list[float]] = Field(description="[target_token][source_token], averaged over heads; rows sum to 1.")
+    cross_attention: list[list[list[list[float]]]] | None = Field(
+        None, description='[layer][head][target_token][source_token]; only with attention: "full".'
+    )
+
+
+class Hypothesis(BaseModel):
+    text: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    score: float = Field(description="Sum of the token log-probabilities.")
+    token_scores: list[float] = Field(description="Log-probability of each target token.")
+    alignment: list[AlignmentPair] = Field(description="Per target token, the source token it attends to most.")
+    word_alignment: list[AlignmentPair] = Field(description="[source_word_index, target_word_index] pairs.")
+    source_words: list[str]
+    target_words: list[str]
+    explanation_id: str = Field(description="Fetch the full explanation at GET /v1/explanations/{explanation_id}.")
+    attention: AttentionMaps | None = None
+
+
+class Translation(Hypothesis):
+    alternatives: list[Hypothesis] | None = Field(None, description="The next best hypotheses when n_best > 1.")
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[Translation]
+
+
+class ExplanationResponse(BaseModel):
+    """GET /v1/explanations/{explanation_id}: the maps of one translation, recomputed by forced decoding."""
+
+    model: str
+    explanation_id: str
+    source: str
+    translation: str
+    source_tokens: list[str]
+    target_tokens: list[str]
+    token_scores: list[float]
+    alignment_layer: int
+    alignment: list[AlignmentPair]
+    cross_attention: list[list[list[list[float]]]] = Field(description="[layer][head][target_token][source_token]")
+
+
+class ExplainRequest(ModelChoice):
+    """POST /v1/explain: explain a source and a translation (given, or the model's own) step by step."""
+
+    source: Text = Field(examples=["The cat sat on the mat."])
+    target: Text | None = Field(None, description="A translation to force-decode; default: the model's own.")
+    kind: AttentionKind = Field(
+        "cross", description="Which attention to open: decoder cross-attention or encoder self-attention."
+    )
+    layer: int | None = Field(
+        None, ge=0, description="Layer index; default: the alignment layer (cross) or the last layer."
+    )
+    head: int = Field(0, ge=0)
+    position: int = Field(
+        0, ge=0, description="Query position: a target token (cross) or a source token (encoder_self)."
+    )
+    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation.")
+
+
+class AttentionStepsOut(BaseModel):
+    """One head's attention for one query: X → Q, K, V → Q·Kᵀ → ÷√d_k → softmax → Σ weights·V."""
+
+    kind: AttentionKind
+    layer: int
+    head: int
+    position: int
+    d_k: int
+    x_query: list[float] = Field(description="The input vector the query is projected from (d_model).")
+    x: list[list[float]] = Field(
+        description="Input vectors keys and values are projected from [source_token][d_model]."
+    )
+    q: list[float] = Field(description="Query vector (d_k).")
+    k: list[list[float]] = Field(description="One key per attended position [source_token][d_k].")
+    v: list[list[float]] = Field(description="One value per attended position [source_token][d_k].")
+    scores: list[float] = Field(description="q · kᵀ per position.")
+    scaled_scores: list[float] = Field(description="scores / √d_k.")
+    weights: list[float] = Field(description="softmax(scaled_scores).")
+    output: list[float] = Field(description="Σ weights · v (d_k).")
+
+
+class ExplainResponse(ExplanationResponse):
+    token_scores: list[float]
+    encoder_self_attention: list[list[list[list[float]]]] = Field(
+        description="[layer][head][source_token][source_token]"
+    )
+    steps: AttentionStepsOut
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    id: str
+    source_lang: str
+    target_lang: str
+    weights_digest: str = Field(description="First 16 hex digits of the SHA-256 of model.safetensors.")
+    device: str
+    encoder_layers: int
+    decoder_layers: int
+    encoder_attention_heads: int
+    decoder_attention_heads: int
+    d_model: int
+    alignment_layer: int
+    max_source_tokens: int
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready"]
+    models: list[str]
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. invalid_request, model_not_found, overloaded.")
+    message: str = Field(description="What went wrong, for humans; never a stack trace.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

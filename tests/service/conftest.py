@@ -1,0 +1,172 @@
+"""One real Ray Serve instance for the whole test session, started from deploy/serve.yaml.
+
+The fixture derives a test config from deploy/serve.yaml (tiny random models instead of the
+shipped ones, a free port, small CPU reservations) and runs `serve run` on it in a
+subprocess. It holds two applications:
+
+- "translate" at /          two ingress replicas, two en-zh translator replicas, one zh-en;
+- "guarded"   at /guarded   API keys, CORS for one origin, a 1-request in-flight limit and a
+                            batch wait longer than the request timeout (so 503 and 504 are certain).
+
+`service_url` (the base URL of the main application) is shared with other suites, e.g. the viewer's.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.tiny import make_model_dir
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE_CONFIG = REPO / "deploy" / "serve.yaml"
+STARTUP_TIMEOUT_S = float(os.environ.get("SERVICE_STARTUP_TIMEOUT_S", "300"))
+API_KEYS = ("test-key-one", "test-key-two")
+ALLOWED_ORIGIN = "https://viewer.example"
+GUARDED_PREFIX = "/guarded"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _deployment(application: dict, name: str) -> dict:
+    return copy.deepcopy(next(d for d in application["deployments"] if d["name"] == name))
+
+
+def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: int) -> dict:
+    """deploy/serve.yaml with the tiny models and test-sized knobs; its structure is the real one."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    template = config["applications"][0]
+    config["http_options"] = {**config["http_options"], "host": "127.0.0.1", "port": port}
+    config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
+
+    main = copy.deepcopy(template)
+    main["args"]["models"] = [
+        {"id": "en-zh", "path": str(models["en-zh"]), "source_lang": "en", "target_lang": "zh"},
+        {"id": "zh-en", "path": str(models["zh-en"]), "source_lang": "zh", "target_lang": "en"},
+    ]
+    main["args"].update(max_batch_size=16, batch_wait_timeout_s=0.05, metrics_dir=str(metrics_root / "translate"))
+    ingress, en_zh, zh_en = (_deployment(template, n) for n in ("Ingress", "translator-en-zh", "translator-zh-en"))
+    ingress.update(num_replicas=2)
+    en_zh.update(num_replicas=2)
+    for deployment in (en_zh, zh_en):
+        deployment["ray_actor_options"] = {"num_cpus": 0.1}
+    main["deployments"] = [ingress, en_zh, zh_en]
+
+    guarded = copy.deepcopy(template)
+    guarded.update(name="guarded", route_prefix=GUARDED_PREFIX)
+    guarded["runtime_env"] = {"env_vars": {"TRANSLATE_API_KEYS": ",".join(API_KEYS)}}
+    guarded["args"]["models"] = copy.deepcopy(main["args"]["models"][:1])
+    guarded["args"].update(
+        max_batch_size=64,
+        batch_wait_timeout_s=4.0,  # every translation waits this long for its batch to fill ...
+        request_timeout_s=2.0,  # ... so it always exceeds the timeout: a certain 504
+        max_in_flight_requests=1,  # a second request while one waits: a certain 503
+        cors_origins=[ALLOWED_ORIGIN],
+        metrics_dir=str(metrics_root / "guarded"),
+    )
+    guarded_translator = _deployment(template, "translator-en-zh")
+    guarded_translator["ray_actor_options"] = {"num_cpus": 0.1}
+    guarded["deployments"] = [_deployment(template, "Ingress"), guarded_translator]
+    config["applications"] = [main, guarded]
+    return config
+
+
+def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"serve run exited with {process.returncode}:\n{log_path.read_text()[-6000:]}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"{url} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-6000:]}")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "en-zh": make_model_dir(root / "tiny-en-zh", shared=True, seed=0),
+        "zh-en": make_model_dir(root / "tiny-zh-en", shared=False, seed=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[dict]:
+    """A running `serve run` of the test config: {"url", "guarded_url", "config", "log"}."""
+    root = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    config = serve_config_for_tests(tiny_models, root / "metrics", port)
+    config_path = root / "serve.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log_path = root / "serve.log"
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_ADDRESS": "local",  # a fresh local cluster, never one another process started
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    serve = Path(sys.executable).with_name("serve")
+    command = [str(serve) if serve.exists() else "serve", "run", str(config_path)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{url}/readyz", process, log_path)
+        _wait_ready(f"{url}{GUARDED_PREFIX}/readyz", process, log_path)
+        yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Ctrl-C for `serve run` (it shuts Serve and Ray down), then its own process group if it lingers."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the group this fixture created (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture(scope="session")
+def service_url(serve_instance: dict) -> str:
+    """Base URL of the main application (tiny en-zh and zh-en models), e.g. http://127.0.0.1:PORT."""
+    return serve_instance["url"]
+
+
+@pytest.fixture(scope="session")
+def guarded_url(serve_instance: dict) -> str:
+    """Base URL of the application with API keys, CORS, a 1-request limit and a short timeout."""
+    return serve_instance["guarded_url"]
+
+
+@pytest.fixture(scope="session")
+def client(service_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service_url, timeout=60) as session:
+        yield session

@@ -1,0 +1,151 @@
+"""Each error case answers its status with {"error": {"code", "message"}} and nothing internal."""
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EN_ZH = {"source_lang": "en", "target_lang": "zh"}
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    for leak in ("Traceback", 'File "', "/work/", "ray.", "RayTaskError"):
+        assert leak not in body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**EN_ZH},
+        {"texts": [], **EN_ZH},
+        {"texts": ["a"] * 65, **EN_ZH},
+        {"texts": ["a" * 2001], **EN_ZH},
+        {"texts": "not a list", **EN_ZH},
+        {"texts": [3], **EN_ZH},
+        {"texts": ["a"], "beam_size": 0, **EN_ZH},
+        {"texts": ["a"], "beam_size": 9, **EN_ZH},
+        {"texts": ["a"], "beam_size": 2, "n_best": 3, **EN_ZH},
+        {"texts": ["a"], "max_length": 0, **EN_ZH},
+        {"texts": ["a"], "max_length": 513, **EN_ZH},
+        {"texts": ["a"], "attention": "everything", **EN_ZH},
+        {"texts": ["a"], "beams": 4, **EN_ZH},
+        {"texts": ["a"], "source_lang": "en"},
+        {"texts": ["a"], "model": "en-zh", "target_lang": "en"},
+    ],
+    ids=[
+        "no-texts",
+        "empty-texts",
+        "too-many-texts",
+        "text-too-long",
+        "texts-not-a-list",
+        "text-not-a-string",
+        "beam-0",
+        "beam-9",
+        "n-best-over-beam",
+        "max-length-0",
+        "max-length-513",
+        "bad-attention",
+        "unknown-field",
+        "half-a-language-pair",
+        "model-and-other-languages",
+    ],
+)
+def test_an_invalid_translate_request_is_422(client, body):
+    assert_error(client.post("/v1/translate", json=body), 422)
+
+
+def test_an_unknown_language_pair_is_404_listing_what_is_available(client):
+    error = assert_error(
+        client.post("/v1/translate", json={"texts": ["a"], "source_lang": "en", "target_lang": "fr"}), 404
+    )
+    assert error["code"] == "model_not_found" and "en-zh" in error["message"] and "zh-en" in error["message"]
+
+
+def test_an_unknown_model_is_404(client):
+    assert_error(client.post("/v1/translate", json={"texts": ["a"], "model": "../../etc"}), 404, "model_not_found")
+
+
+def test_malformed_json_is_400(client):
+    response = client.post("/v1/translate", content=b'{"texts": ["a"', headers={"content-type": "application/json"})
+    assert_error(response, 400, "invalid_json")
+
+
+def test_a_json_array_body_is_422(client):
+    assert_error(client.post("/v1/translate", json=[1, 2]), 422)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b'{"texts": ["\xff\xfe"]}', b'{"texts": ["a"], "beam_size": NaN}', b'{"texts": ["a"], "beam_size": Infinity}'],
+)
+def test_bytes_that_are_not_a_valid_request_are_400_or_422(client, content):
+    response = client.post("/v1/translate", content=content, headers={"content-type": "application/json"})
+    assert response.status_code in (400, 422)
+    assert_error(response, response.status_code)
+
+
+def test_a_body_over_the_limit_is_413(client):
+    response = client.post("/v1/translate", content=b" " * 1_000_001, headers={"content-type": "application/json"})
+    assert_error(response, 413, "body_too_large")
+
+
+def test_a_text_longer_than_the_model_allows_is_413(client):
+    # 2,000 characters are within the request limit but far beyond the tiny model's 128 positions
+    text = " ".join(["tomorrow"] * 222)
+    assert_error(client.post("/v1/translate", json={"texts": [text], **EN_ZH}), 413, "input_too_long")
+
+
+def test_max_length_beyond_the_model_is_413(client):
+    assert_error(client.post("/v1/translate", json={"texts": ["a"], "max_length": 300, **EN_ZH}), 413, "input_too_long")
+
+
+def test_a_malformed_explanation_id_is_400(client):
+    assert_error(client.get("/v1/explanations/not.an~id"), 400, "invalid_explanation_id")
+
+
+def test_an_overlong_explanation_id_is_400(client):
+    assert_error(client.get("/v1/explanations/" + "A" * 9000), 400, "invalid_explanation_id")
+
+
+def test_a_forged_explanation_id_is_404(client):
+    assert_error(client.get("/v1/explanations/AQVlbi16aAAAAAAAAAAAAAEBAQE"), 404, "explanation_not_found")
+
+
+def test_a_truncated_explanation_id_is_404(client):
+    response = client.post("/v1/translate", json={"texts": ["I like tea."], "max_length": 4, **EN_ZH})
+    explanation_id = response.json()["translations"][0]["explanation_id"]
+    assert_error(client.get(f"/v1/explanations/{explanation_id[:-3]}"), 404, "explanation_not_found")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"source": "I like tea.", **EN_ZH, "layer": 7},
+        {"source": "I like tea.", **EN_ZH, "head": 4},
+        {"source": "I like tea.", **EN_ZH, "position": 500},
+        {"source": "I like tea.", **EN_ZH, "kind": "decoder_self"},
+        {"source": "I like tea.", **EN_ZH, "layer": -1},
+        {**EN_ZH},
+    ],
+    ids=["layer", "head", "position", "kind", "negative-layer", "no-source"],
+)
+def test_an_invalid_explain_request_is_422(client, body):
+    assert_error(client.post("/v1/explain", json=body), 422)
+
+
+def test_an_unknown_route_is_404(client):
+    assert_error(client.get("/v2/translate"), 404, "not_found")
+
+
+def test_a_wrong_method_is_405(client):
+    assert_error(client.get("/v1/translate"), 405, "method_not_allowed")
+
+
+def test_a_missing_static_file_is_404(client):
+    assert_error(client.get("/static/no-such-file.js"), 404)
