@@ -550,7 +550,12 @@ async function loadSteps(event) {
     drawSteps();
     setStatus(null, {}, "info", "#steps-status");
   } catch (error) {
-    if (generation === stepsGeneration) setStatus("error", { message: error.message }, "error", "#steps-status");
+    if (generation === stepsGeneration) {
+      state.steps = null;
+      $("#steps").hidden = true;
+      $("#steps").replaceChildren(); // never leave the numbers of another query on screen
+      setStatus("error", { message: error.message }, "error", "#steps-status");
+    }
   } finally {
     if (generation === stepsGeneration) $("#steps-button").disabled = false;
   }
