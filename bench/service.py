@@ -281,14 +281,28 @@ def wait_ready(urls: list[str], process: subprocess.Popen | None, timeout_s: flo
         raise RuntimeError(f"not ready after {timeout_s:.0f} s: {pending}")
 
 
+def session_pids(session_id: int) -> list[int]:
+    """PIDs of the processes in an OS session (a process started with start_new_session leads one)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if os.getsid(int(entry.name)) == session_id:
+                    pids.append(int(entry.name))
+    return pids
+
+
 def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGINT (serve run shuts Ray down), then SIGKILL to the group it leads if anything lingers."""
+    """SIGINT (serve run shuts Ray down), then SIGKILL to whatever of its session lingers (Ray's daemons)."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    for pid in [process.pid, *session_pids(process.pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
 
 
 @contextlib.contextmanager

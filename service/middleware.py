@@ -65,7 +65,7 @@ def key_is_valid(presented: str | None, accepted: list[str]) -> bool:
     valid = False
     for key in accepted:
         valid |= hmac.compare_digest(presented_bytes, key.encode("utf-8"))
-    return valid and presented is not None
+    return valid and bool(presented)
 
 
 class ServiceMiddleware:

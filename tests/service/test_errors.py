@@ -95,6 +95,12 @@ def test_a_body_over_the_limit_is_413(client):
     assert_error(response, 413, "body_too_large")
 
 
+def test_a_streamed_body_over_the_limit_is_413(client):
+    chunks = (b" " * 100_000 for _ in range(11))  # no Content-Length: counted while read
+    response = client.post("/v1/translate", content=chunks, headers={"content-type": "application/json"})
+    assert_error(response, 413, "body_too_large")
+
+
 def test_a_text_longer_than_the_model_allows_is_413(client):
     # 2,000 characters are within the request limit but far beyond the tiny model's 128 positions
     text = " ".join(["tomorrow"] * 222)

@@ -1,0 +1,104 @@
+"""Nothing is lost under a burst, and a killed translator replica costs clean errors, not hangs or lost ids.
+
+Short, bounded versions of the benchmark scenarios (bench/service.py runs the long ones), all on
+the session's Ray Serve instance and on loopback.
+"""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from bench.service import run_load, translate_bodies
+from tests.service.conftest import API_KEYS
+from tests.service.replica_processes import replica_pids
+
+pytestmark = pytest.mark.slow
+
+ENGLISH = ["I like tea.", "The cat sat on the mat.", "We walk to school today.", "Is the river cold?"]
+CHINESE = ["我喜欢茶。", "猫坐在垫子上。", "我们今天去学校。", "河水冷吗？"]
+RECOVERY_S = 30.0
+
+
+def assert_nothing_lost(result) -> None:
+    summary = result.summary()
+    assert summary["lost"] == 0, summary
+    assert set(result.statuses) <= {200, 503, 504}, summary
+
+
+def test_a_burst_gets_every_request_answered(service_url):
+    body_for = translate_bodies(ENGLISH, 1, beam_size=1, max_length=8)
+    result = asyncio.run(run_load(f"{service_url}/v1/translate", body_for, 200, 32, timeout_s=60, deadline_s=90))
+    assert result.requests == 200
+    assert_nothing_lost(result)
+    assert result.statuses[200] > 0
+
+
+def test_an_overloaded_service_answers_503_with_a_json_error_not_a_reset(guarded_url):
+    # the guarded app takes one model call at a time and that one times out: the rest are turned away
+    body_for = translate_bodies(ENGLISH, 1)
+    headers = {"Authorization": f"Bearer {API_KEYS[0]}"}
+    result = asyncio.run(
+        run_load(f"{guarded_url}/v1/translate", body_for, 48, 16, timeout_s=30, deadline_s=60, headers=headers)
+    )
+    assert_nothing_lost(result)
+    assert result.statuses[503] >= 40 and result.statuses[200] == 0
+
+
+def zh_en(texts: list[str]) -> dict:
+    return {"texts": texts, "source_lang": "zh", "target_lang": "en", "beam_size": 1, "max_length": 8}
+
+
+def wait_until_translating(client: httpx.Client, deadline: float) -> float:
+    """Poll zh-en until it answers 200; the time it did."""
+    while time.monotonic() < deadline:
+        try:
+            if client.post("/v1/translate", json=zh_en(CHINESE[:1]), timeout=10).status_code == 200:
+                return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"zh-en did not recover within {RECOVERY_S:.0f} s")
+
+
+def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_and_recovers(service_url, client):
+    port = urlsplit(service_url).port
+    before = client.post("/v1/translate", json=zh_en(CHINESE))
+    assert before.status_code == 200, before.text
+    ids = [translation["explanation_id"] for translation in before.json()["translations"]]
+    explanations = [client.get(f"/v1/explanations/{i}").json() for i in ids]
+    (victim,) = replica_pids(port, "translate", "translator-zh-en")  # the only zh-en replica
+
+    outcome: dict = {}
+    body_for = lambda index: zh_en([CHINESE[index % len(CHINESE)]])
+    load = threading.Thread(
+        target=lambda: outcome.update(
+            result=asyncio.run(
+                run_load(f"{service_url}/v1/translate", body_for, 400, 4, timeout_s=45, deadline_s=6)
+            )
+        )
+    )
+    load.start()
+    time.sleep(1.5)  # requests are in flight on the replica
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    load.join(timeout=120)
+    assert not load.is_alive(), "requests hung after the replica died"
+    result = outcome["result"]
+    assert_nothing_lost(result)  # in flight: 200 before the kill, 503/504 with a JSON body after it
+    assert result.statuses[200] > 0
+
+    recovered_at = wait_until_translating(client, killed_at + RECOVERY_S)
+    assert recovered_at - killed_at <= RECOVERY_S
+    replacement = replica_pids(port, "translate", "translator-zh-en")
+    assert replacement and victim not in replacement
+    for explanation_id, explanation in zip(ids, explanations):
+        after = client.get(f"/v1/explanations/{explanation_id}")
+        assert after.status_code == 200, after.text
+        assert after.json()["cross_attention"] == explanation["cross_attention"]
+
