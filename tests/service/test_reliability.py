@@ -33,8 +33,8 @@ def assert_nothing_lost(result) -> None:
 
 def test_a_burst_gets_every_request_answered(service_url):
     body_for = translate_bodies(ENGLISH, 1, beam_size=1, max_length=8)
-    result = asyncio.run(run_load(f"{service_url}/v1/translate", body_for, 200, 32, timeout_s=60, deadline_s=90))
-    assert result.requests == 200
+    result = asyncio.run(run_load(f"{service_url}/v1/translate", body_for, 120, 32, timeout_s=60, deadline_s=90))
+    assert result.requests == 120
     assert_nothing_lost(result)
     assert result.statuses[200] > 0
 

@@ -73,7 +73,7 @@ def test_cors_preflight_is_refused_by_default(client):
     "request_kwargs",
     [
         {"params": {"api_key": API_KEYS[0]}},
-        {"headers": {"Authorization": "Bearer "}},
+        {"headers": {"Authorization": "Bearer"}},
         {"headers": {"Authorization": f"Bearer {API_KEYS[0].upper()}"}},
         {"headers": {"Authorization": f"Basic {API_KEYS[0]}"}},
         {"headers": {"X-API-Key": f"{API_KEYS[0]},{API_KEYS[1]}"}},
