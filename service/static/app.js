@@ -8,7 +8,8 @@ import { buildView, headMatrix, isSpecial, pieceLabel } from "./tokens.js";
 
 const state = {
   models: [],
-  translation: null, // one item of POST /v1/translate's "translations" (null when opened from a link)
+  translation: null, // the hypothesis on screen: one of `nbest` (null when opened from a link)
+  nbest: [], // POST /v1/translate's best translation followed by its alternatives
   explanation: null, // GET /v1/explanations/{id}
   explanationId: null,
   layer: 0,
@@ -99,17 +100,36 @@ async function onTranslate(event) {
     if (model) request.model = model;
     const response = await api("v1/translate", { method: "POST", body: JSON.stringify(request) });
     const translation = response.translations[0];
-    translation.model = translation.model ?? response.model;
+    state.nbest = [translation, ...(translation.alternatives ?? [])];
     setStatus("fetching_explanation");
-    const explanation = await api(`v1/explanations/${encodeURIComponent(translation.explanation_id)}`);
-    show(explanation, translation.explanation_id, translation);
-    history.replaceState(null, "", `#explanation=${encodeURIComponent(translation.explanation_id)}`);
+    await explainHypothesis(translation);
     setStatus("done", { ms: Math.round(performance.now() - started) }, "ok");
   } catch (error) {
     setStatus("error", { message: error.message }, "error");
   } finally {
     button.disabled = false;
     document.body.removeAttribute("aria-busy");
+  }
+}
+
+/** Fetch the explanation of one hypothesis of the n-best list and put it on screen. */
+async function explainHypothesis(hypothesis) {
+  const id = hypothesis.explanation_id;
+  const explanation = await api(`v1/explanations/${encodeURIComponent(id)}`);
+  show(explanation, id, hypothesis);
+  history.replaceState(null, "", `#explanation=${encodeURIComponent(id)}`);
+}
+
+async function onChooseHypothesis(rank) {
+  const hypothesis = state.nbest[rank];
+  if (!hypothesis || hypothesis === state.translation) return;
+  try {
+    setStatus("fetching_explanation");
+    await explainHypothesis(hypothesis);
+    setStatus(null);
+    $(`#alternatives button[data-rank="${rank}"]`)?.focus();
+  } catch (error) {
+    setStatus("error", { message: error.message }, "error");
   }
 }
 
@@ -122,6 +142,7 @@ async function openFromLink() {
     const explanation = await api(`v1/explanations/${encodeURIComponent(id)}`);
     $("#source-text").value = explanation.source ?? "";
     if ([...$("#model-select").options].some((o) => o.value === explanation.model)) $("#model-select").value = explanation.model;
+    state.nbest = [];
     show(explanation, id, null);
     setStatus(null);
   } catch (error) {
@@ -172,19 +193,28 @@ function renderTranslation() {
   $("#translation-score").textContent = fixed(score, 3);
   $("#translation-model").textContent = e.model ?? tr?.model ?? "";
   $("#permalink").href = `#explanation=${encodeURIComponent(state.explanationId ?? "")}`;
-  const alternatives = tr?.alternatives ?? [];
-  $("#alternatives-block").hidden = alternatives.length === 0;
+  $("#alternatives-block").hidden = state.nbest.length < 2;
   $("#alternatives").replaceChildren(
-    ...alternatives.map((alt, i) => {
-      const text = typeof alt === "string" ? alt : alt.text;
-      const altScore = typeof alt === "object" && alt.score !== undefined ? fixed(alt.score, 3) : "";
-      const probs = typeof alt === "object" && Array.isArray(alt.token_scores) ? alt.token_scores.map(Math.exp) : null;
-      const mean = probs?.length ? probs.reduce((a, b) => a + b, 0) / probs.length : null;
+    ...state.nbest.map((hypothesis, rank) => {
+      const probabilities = (hypothesis.token_scores ?? []).map(Math.exp);
+      const mean = probabilities.length ? probabilities.reduce((a, b) => a + b, 0) / probabilities.length : null;
+      const shown = hypothesis === tr;
       return el(
         "li",
-        { "data-rank": i + 2 },
-        el("span", { class: "alt-text", lang: targetLanguage() }, text),
-        altScore && el("span", { class: "alt-score num" }, t("alt_score", { score: altScore })),
+        { class: shown ? "shown" : "" },
+        el(
+          "button",
+          {
+            type: "button",
+            class: "alt-choice",
+            "data-rank": rank,
+            "aria-pressed": String(shown),
+            disabled: !hypothesis.explanation_id,
+            lang: targetLanguage(),
+          },
+          hypothesis.text,
+        ),
+        el("span", { class: "alt-score num" }, t("alt_score", { score: fixed(hypothesis.score, 3) })),
         mean !== null && el("span", { class: "alt-score num" }, `· ⌀ ${percent(mean)}`),
       );
     }),
@@ -594,6 +624,7 @@ function showTip(node) {
   const tip = $("#tooltip");
   const text = node.matches("td.cell") ? cellTip(node) : node.dataset.tip;
   if (!text) return;
+  if (node.matches("td.cell")) node.setAttribute("aria-label", text); // screen readers hear what the eye sees
   tip.textContent = text;
   tip.hidden = false;
   const r = node.getBoundingClientRect();
@@ -680,6 +711,10 @@ function init() {
   document.addEventListener("click", (event) => {
     const target = event.target.closest("button.tok-target");
     if (target) selectTarget(Number(target.dataset.t));
+  });
+  $("#alternatives").addEventListener("click", (event) => {
+    const choice = event.target.closest("button.alt-choice");
+    if (choice) onChooseHypothesis(Number(choice.dataset.rank));
   });
   $("#heatmap").addEventListener("keydown", onHeatmapKey);
   $("#heatmap").addEventListener("dblclick", (event) => {

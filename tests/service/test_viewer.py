@@ -167,6 +167,24 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     screenshot(page, "heatmap-light-en")
 
 
+def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
+    translate(page, model, beam_size=3, n_best=3)
+    choices = page.locator("#alternatives button.alt-choice")
+    assert choices.count() >= 2
+    assert choices.nth(0).get_attribute("aria-pressed") == "true"
+    second = choices.nth(1)
+    second.click()
+    page.wait_for_selector("#alternatives button.alt-choice[data-rank='1'][aria-pressed=true]")
+    explanation_id = page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
+    explanation = api.get(f"/v1/explanations/{explanation_id}").json()
+    assert page.inner_text("#translation-text") == explanation["translation"] == second.inner_text()
+    expected = head_average(explanation["cross_attention"][explanation["alignment_layer"]])
+    cells = shown_cells(page)
+    assert len(cells) == len(expected) * len(expected[0])
+    for (t, s), value in cells.items():
+        assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
+
+
 def test_clicking_a_target_token_highlights_the_source_tokens_it_is_aligned_with(page, api, model):
     explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
     for t in range(len(explanation["target_tokens"])):
