@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -145,8 +146,9 @@ async def run_load(
     timeout_s: float = 60.0,
     deadline_s: float | None = None,
     headers: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> LoadResult:
-    """POST body_for(i) to url for i in range(requests), `concurrency` at a time; stop issuing at deadline_s."""
+    """POST body_for(i) to url for i in range(requests), `concurrency` at a time; stop issuing at deadline_s or stop."""
     result = LoadResult(name, requests, concurrency)
     counter = iter(range(requests))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -155,7 +157,7 @@ async def run_load(
 
     async def worker(client: httpx.AsyncClient) -> None:
         for index in counter:
-            if time.perf_counter() > stop_at:
+            if time.perf_counter() > stop_at or (stop is not None and stop.is_set()):
                 return
             sent = time.perf_counter()
             try:
