@@ -76,6 +76,7 @@ class TrainingOptions:
     checkpoint_minutes: float = 10.0
     save_dtype: str = "float16"
     joint_vocab: bool = True
+    export_only: bool = False
     epoch_eval_limit: int = 0
     init_from: str = ""
 
@@ -400,6 +401,12 @@ def train(options: TrainingOptions) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
     resume_path = work / "last"
+    if options.export_only:
+        # Export the best checkpoint so far (e.g. while the run goes on) without training or evaluating.
+        model.load_state_dict(load_file(str(work / "best.safetensors")), strict=False)
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}[options.save_dtype]
+        export(model, tokenizer, work, Path(options.output), dtype)
+        return {"exported": options.output}
     if (resume_path / "state.json").exists():
         state = load_training_state(resume_path, model, optimizer)
         logger.info("resumed from %s at epoch %d step %d", resume_path, state["epoch"], state["step"])
