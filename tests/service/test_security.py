@@ -24,8 +24,9 @@ ALLOWED_HEADERS = {
 TRANSLATE = {"texts": ["I like tea."], "source_lang": "en", "target_lang": "zh", "max_length": 4}
 
 
+@pytest.fixture(scope="module")
 def answers(client: httpx.Client, guarded_url: str) -> dict[str, httpx.Response]:
-    """One answer of every kind the service gives: success, each 4xx and a 503."""
+    """One answer of every kind the service gives: successes, each 4xx and a 504."""
     with httpx.Client(base_url=guarded_url, timeout=60) as guarded:
         key = {"Authorization": f"Bearer {API_KEYS[0]}"}
         return {
@@ -45,8 +46,8 @@ def answers(client: httpx.Client, guarded_url: str) -> dict[str, httpx.Response]
 
 
 @pytest.mark.slow
-def test_no_answer_carries_internals_in_its_headers(client, guarded_url):
-    for name, response in answers(client, guarded_url).items():
+def test_no_answer_carries_internals_in_its_headers(answers):
+    for name, response in answers.items():
         unexpected = set(response.headers) - ALLOWED_HEADERS
         assert not unexpected, f"{name}: {unexpected}"
         # Ray Serve's proxy (uvicorn) names itself, without a version; nothing else may
@@ -54,8 +55,8 @@ def test_no_answer_carries_internals_in_its_headers(client, guarded_url):
 
 
 @pytest.mark.slow
-def test_no_error_body_carries_internals(client, guarded_url):
-    for name, response in answers(client, guarded_url).items():
+def test_no_error_body_carries_internals(answers):
+    for name, response in answers.items():
         if response.status_code >= 400:
             assert set(response.json()) == {"error"}, name
             assert not LEAKS.search(response.text), f"{name}: {response.text}"
