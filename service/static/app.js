@@ -1,10 +1,11 @@
 // The explanation viewer: translate, fetch the explanation, draw heatmap, alignment and confidence,
 // and open one attention head step by step. Talks only to this service's REST API (/v1).
 
-import { $, $$, compact, el, fixed, options, percent, svg } from "./dom.js";
+import { cellTip, drawAlignmentLines, onHeatmapKey, renderAlignment, renderHeatmap } from "./attention.js";
+import { $, $$, clamp, el, fixed, options, percent } from "./dom.js";
 import { defaultLanguage, language, setLanguage, t } from "./i18n.js";
 import { renderSteps } from "./steps.js";
-import { buildView, headMatrix, isSpecial, pieceLabel } from "./tokens.js";
+import { buildView, headMatrix, pieceLabel } from "./tokens.js";
 
 const state = {
   models: [],
@@ -257,6 +258,11 @@ function renderConfidence(view) {
 
 // ---------------------------------------------------------------- heatmap
 
+function languages() {
+  const info = modelInfo(state.explanation?.model);
+  return { sourceLang: info.source_lang ?? "", targetLang: info.target_lang ?? "" };
+}
+
 function renderAttention() {
   const e = state.explanation;
   const matrix = headMatrix(e.cross_attention, state.layer, state.head);
@@ -265,192 +271,18 @@ function renderAttention() {
   if (state.view === "words" && words && state.translation.target_words?.length === view.target.length) view.alignment = words;
   state.current = view;
   renderConfidence(view);
-  renderHeatmap(view);
-  renderAlignment(view);
+  drawHeatmap();
+  renderAlignment(view, languages());
   applySelection();
 }
 
-function rowMax(matrix) {
-  return Math.max(1e-9, ...matrix.map((row) => Math.max(...row)));
-}
-
-function renderHeatmap(view) {
-  const table = $("#heatmap");
-  const max = rowMax(view.matrix);
-  const showValues = $("#show-values").checked;
+function drawHeatmap() {
+  const max = renderHeatmap($("#heatmap"), state.current, { showValues: $("#show-values").checked, ...languages() });
   $("#legend-max").textContent = fixed(max, 2);
-  const sourceLang = modelInfo(state.explanation.model).source_lang ?? "";
-  const head = el(
-    "tr",
-    {},
-    el("th", { class: "corner", scope: "col" }, el("span", {}, t("corner"))),
-    view.source.map((token, s) =>
-      el(
-        "th",
-        { scope: "col", class: `src-head${[...token.label].length <= 3 ? " short" : ""}`, "data-s": s, title: token.raw, lang: sourceLang },
-        el("span", { class: tokenClass(token) }, token.label),
-      ),
-    ),
-  );
-  const rows = view.target.map((token, row) =>
-    el(
-      "tr",
-      { "data-t": row },
-      el(
-        "th",
-        { scope: "row", class: "tgt-head" },
-        el(
-          "button",
-          { type: "button", class: `tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
-          token.label,
-        ),
-      ),
-      view.matrix[row].map((value, s) => {
-        const relative = value / max;
-        return el(
-          "td",
-          {
-            class: `cell${relative > 0.55 ? " hot" : ""}`,
-            "data-t": row,
-            "data-s": s,
-            "data-value": value,
-            tabindex: row === 0 && s === 0 ? 0 : -1,
-            style: { "--v": relative.toFixed(4) },
-          },
-          showValues ? compact(value) : "",
-        );
-      }),
-    ),
-  );
-  table.classList.toggle("values", showValues);
-  table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
 }
 
-function tokenClass(token) {
-  return ["tok", token.cont ? "cont" : "", token.special ? "special" : ""].filter(Boolean).join(" ");
-}
-
-function cellTip(cell) {
-  const view = state.current;
-  const target = view.target[Number(cell.dataset.t)];
-  const source = view.source[Number(cell.dataset.s)];
-  return t("cell_tip", { target: target.label, source: source.label, value: fixed(Number(cell.dataset.value), 4) });
-}
-
-function onHeatmapKey(event) {
-  const cell = event.target.closest("td.cell");
-  const view = state.current;
-  if (!view) return;
-  if (!cell) {
-    const button = event.target.closest("button.tok-target");
-    if (button && event.key === "ArrowRight") {
-      event.preventDefault();
-      focusCell(Number(button.dataset.t), 0);
-    }
-    return;
-  }
-  const row = Number(cell.dataset.t);
-  const col = Number(cell.dataset.s);
-  const moves = {
-    ArrowUp: [row - 1, col],
-    ArrowDown: [row + 1, col],
-    ArrowLeft: [row, col - 1],
-    ArrowRight: [row, col + 1],
-    Home: [row, 0],
-    End: [row, view.source.length - 1],
-    PageUp: [0, col],
-    PageDown: [view.target.length - 1, col],
-  };
-  if (event.key in moves) {
-    event.preventDefault();
-    const [r, c] = moves[event.key];
-    if (col === 0 && event.key === "ArrowLeft") {
-      $(`#heatmap button.tok-target[data-t="${row}"]`)?.focus();
-      return;
-    }
-    focusCell(clamp(r, 0, view.target.length - 1), clamp(c, 0, view.source.length - 1));
-  } else if (event.key === "Enter" || event.key === " ") {
-    event.preventDefault();
-    selectTarget(row);
-  }
-}
-
-function focusCell(row, col) {
-  const cell = $(`#heatmap td.cell[data-t="${row}"][data-s="${col}"]`);
-  if (!cell) return;
-  for (const c of $$("#heatmap td.cell[tabindex='0']")) c.tabIndex = -1;
-  cell.tabIndex = 0;
-  cell.focus();
-}
-
-// ---------------------------------------------------------------- alignment view
-
-function renderAlignment(view) {
-  const sourceLang = modelInfo(state.explanation.model).source_lang ?? "";
-  $("#align-source").replaceChildren(
-    ...view.source.map((token, s) =>
-      el("span", { class: `align-token ${tokenClass(token)}`, "data-s": s, title: token.raw, lang: sourceLang }, token.label),
-    ),
-  );
-  $("#align-target").replaceChildren(
-    ...view.target.map((token, row) =>
-      el(
-        "button",
-        { type: "button", class: `align-token tok-target ${tokenClass(token)}`, "data-t": row, "aria-pressed": "false", title: token.raw, lang: targetLanguage() },
-        token.label,
-      ),
-    ),
-  );
-  requestAnimationFrame(drawAlignmentLines);
-}
-
-function drawAlignmentLines() {
-  const view = state.current;
-  const lines = $("#align-lines");
-  if (!view || $("#results").hidden) return;
-  const box = lines.getBoundingClientRect();
-  const height = box.height;
-  const max = rowMax(view.matrix);
-  const centre = (node) => {
-    const r = node.getBoundingClientRect();
-    return r.left + r.width / 2 - box.left;
-  };
-  const sourceX = $$("#align-source .align-token").map(centre);
-  const targetX = $$("#align-target .align-token").map(centre);
-  lines.setAttribute("viewBox", `0 0 ${box.width} ${height}`);
-  const selected = selectedRow();
-  const pairs = view.alignment.map(([s, row]) => ({ s, row, aligned: true }));
-  if (selected !== null) {
-    // Besides its alignment, the selected token's strongest attention (up to five more lines).
-    const alignedHere = new Set(pairs.filter((p) => p.row === selected).map((p) => p.s));
-    const row = view.matrix[selected];
-    const strongest = Math.max(...row);
-    row
-      .map((value, s) => [value, s])
-      .filter(([value, s]) => !alignedHere.has(s) && value >= 0.35 * strongest)
-      .sort((a, b) => b[0] - a[0])
-      .slice(0, 5)
-      .forEach(([, s]) => pairs.push({ s, row: selected, aligned: false }));
-  }
-  lines.replaceChildren(
-    ...pairs
-      .filter(({ s, row }) => sourceX[s] !== undefined && targetX[row] !== undefined)
-      .map(({ s, row, aligned }) => {
-        const value = view.matrix[row][s];
-        const active = selected === null ? "" : row === selected ? " active" : " dim";
-        return svg("line", {
-          x1: sourceX[s],
-          y1: 2,
-          x2: targetX[row],
-          y2: height - 2,
-          class: `align-line${aligned ? " aligned" : " extra"}${active}`,
-          "stroke-width": (0.75 + 6 * (value / max)).toFixed(2),
-          "data-s": s,
-          "data-t": row,
-          "data-value": value,
-        });
-      }),
-  );
+function redrawLines() {
+  if (state.current && !$("#results").hidden) drawAlignmentLines(state.current, selectedRow());
 }
 
 // ---------------------------------------------------------------- selection
@@ -496,7 +328,7 @@ function applySelection() {
     if (aligned.has(s)) chip.dataset.aligned = "true";
     else delete chip.dataset.aligned;
   }
-  drawAlignmentLines();
+  redrawLines();
   const summary = $("#selection-summary");
   if (row === null) {
     summary.textContent = t("select_hint");
@@ -622,7 +454,7 @@ function drawSteps() {
 
 function showTip(node) {
   const tip = $("#tooltip");
-  const text = node.matches("td.cell") ? cellTip(node) : node.dataset.tip;
+  const text = node.matches("td.cell") ? cellTip(node, state.current) : node.dataset.tip;
   if (!text) return;
   if (node.matches("td.cell")) node.setAttribute("aria-label", text); // screen readers hear what the eye sees
   tip.textContent = text;
@@ -647,10 +479,6 @@ function tipTarget(event) {
 }
 
 // ---------------------------------------------------------------- wiring
-
-function clamp(value, low, high) {
-  return Math.min(Math.max(value, low), high);
-}
 
 function range(n) {
   return Array.from({ length: n }, (_, i) => i);
@@ -705,7 +533,7 @@ function init() {
     });
   $("#show-values").addEventListener("change", () => {
     if (!state.current) return;
-    renderHeatmap(state.current);
+    drawHeatmap();
     applySelection();
   });
   document.addEventListener("click", (event) => {
@@ -716,7 +544,7 @@ function init() {
     const choice = event.target.closest("button.alt-choice");
     if (choice) onChooseHypothesis(Number(choice.dataset.rank));
   });
-  $("#heatmap").addEventListener("keydown", onHeatmapKey);
+  $("#heatmap").addEventListener("keydown", (event) => onHeatmapKey(event, state.current, selectTarget));
   $("#heatmap").addEventListener("dblclick", (event) => {
     const cell = event.target.closest("td.cell");
     if (cell) selectTarget(Number(cell.dataset.t));
@@ -737,8 +565,8 @@ function init() {
     else hideTip();
   });
   document.addEventListener("keydown", (event) => event.key === "Escape" && hideTip());
-  new ResizeObserver(() => drawAlignmentLines()).observe($("#alignment-wrap"));
-  document.fonts?.ready.then(drawAlignmentLines);
+  new ResizeObserver(redrawLines).observe($("#alignment-wrap"));
+  document.fonts?.ready.then(redrawLines);
   window.addEventListener("hashchange", () => {
     const id = location.hash.match(/^#explanation=(.+)$/)?.[1];
     if (id && decodeURIComponent(id) !== state.explanationId) openFromLink();

@@ -28,6 +28,10 @@ export function compact(value) {
   return value.toFixed(2).replace(/^0\./, ".");
 }
 
+export function clamp(value, low, high) {
+  return Math.min(Math.max(value, low), high);
+}
+
 export function fixed(value, digits = 3) {
   return Number(value).toFixed(digits);
 }
