@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response
 
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
-from service.deployments import TranslatorDeployment
+from service.deployments import Rejected, TranslatorDeployment
 from service.errors import ApiError, error_response, exception_response, json_response
 from service.explanations import decode_explanation_id
 from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
@@ -45,7 +45,10 @@ INFO_CACHE_S = 10.0
 
 
 async def _awaited(response: DeploymentResponse) -> Any:
-    return await response
+    result = await response
+    if isinstance(result, Rejected):
+        raise result.error  # mapped to its status in service/errors.py like any other error
+    return result
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 429, 503, 504)}

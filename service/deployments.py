@@ -13,12 +13,13 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
-from model import InputTooLongError, Translator
+from model import InputTooLongError, Translator, TranslatorError
 from model.explain import attention_steps, forced_decode
 from model.translator import token_alignment
 from service.config import ModelSpec, explanation_secret
@@ -29,6 +30,24 @@ from service.results import hypothesis_json, steps_json
 logger = logging.getLogger("ray.serve")
 
 SPECIAL_PIECES = ("</s>", "<pad>")
+
+
+@dataclass
+class Rejected:
+    """A request the engine refused (bad input, unknown weights), returned instead of raised.
+
+    The ingress re-raises `error` and maps it like any other; returning it keeps Ray from
+    logging a traceback per invalid request and from wrapping the error in RayTaskError.
+    """
+
+    error: Exception
+
+
+async def _rejecting(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except (TranslatorError, ExplanationNotFoundError) as error:
+        return Rejected(error)
 
 
 @dataclass(frozen=True)
@@ -104,8 +123,14 @@ class TranslatorDeployment:
         return self.info_json
 
     # ---- translate -----------------------------------------------------------------------
-    async def translate(self, texts: list[str], options: dict[str, Any], attention: str = "none") -> list[dict]:
-        """Translate a request's texts; each text joins the batch queue on its own."""
+    async def translate(
+        self, texts: list[str], options: dict[str, Any], attention: str = "none"
+    ) -> list[dict] | Rejected:
+        """Translate a request's texts (POST /v1/translate)."""
+        return await _rejecting(self._translate(texts, options, attention))
+
+    async def _translate(self, texts: list[str], options: dict[str, Any], attention: str) -> list[dict]:
+        """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
         source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
         decode_options = DecodeOptions(**options)
         self._check_length_budget(decode_options)
@@ -175,8 +200,11 @@ class TranslatorDeployment:
         return encode_explanation_id(key, self.secret)
 
     # ---- explanations --------------------------------------------------------------------
-    async def explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict:
+    async def explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict | Rejected:
         """Recompute a translation's maps by forced decoding (GET /v1/explanations/{id})."""
+        return await _rejecting(self._explanation(weights_digest, source_ids, target_ids))
+
+    async def _explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict:
         if weights_digest != self.translator.weights_digest:
             raise ExplanationNotFoundError(
                 f"this explanation was made with weights {weights_digest}; model {self.spec.id} now serves "
@@ -209,11 +237,16 @@ class TranslatorDeployment:
 
     async def explain(
         self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
-    ) -> dict:
+    ) -> dict | Rejected:
         """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain)."""
+        return await _rejecting(self._explain(source, target, kind, layer, head, position, beam_size))
+
+    async def _explain(
+        self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
+    ) -> dict:
         source_ids = self.translator.encode_source([source])[0]
         if target is None:
-            own = await self.translate([source], {"beam_size": beam_size}, "none")
+            own = await self._translate([source], {"beam_size": beam_size}, "none")
             target_ids = list(decode_explanation_id(own[0]["explanation_id"], self.secret).target_ids)
         else:
             target_ids = self.translator.tokenizer.encode_target(target)

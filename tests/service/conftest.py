@@ -31,7 +31,8 @@ from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "deploy" / "serve.yaml"
-STARTUP_TIMEOUT_S = float(os.environ.get("SERVICE_STARTUP_TIMEOUT_S", "300"))
+STARTUP_TIMEOUT_S = float(os.environ.get("SERVICE_STARTUP_TIMEOUT_S", "480"))
+STARTUP_ATTEMPTS = 3
 API_KEYS = ("test-key-one", "test-key-two")
 ALLOWED_ORIGIN = "https://viewer.example"
 GUARDED_PREFIX = "/guarded"
@@ -90,7 +91,7 @@ def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"serve run exited with {process.returncode}:\n{log_path.read_text()[-6000:]}")
+            raise ServeExitedError(f"serve run exited with {process.returncode}:\n{log_path.read_text()[-6000:]}")
         try:
             if httpx.get(url, timeout=5).status_code == 200:
                 return
@@ -109,35 +110,61 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+class ServeExitedError(RuntimeError):
+    """`serve run` exited during startup (on an overloaded machine Ray's node can time out starting)."""
+
+
 @pytest.fixture(scope="session")
 def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[dict]:
     """A running `serve run` of the test config: {"url", "guarded_url", "config", "log"}."""
-    root = tmp_path_factory.mktemp("serve")
-    port = _free_port()
-    config = serve_config_for_tests(tiny_models, root / "metrics", port)
-    config_path = root / "serve.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log_path = root / "serve.log"
-    env = {
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        root = tmp_path_factory.mktemp("serve")
+        port = _free_port()
+        config = serve_config_for_tests(tiny_models, root / "metrics", port)
+        config_path = root / "serve.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        log_path = root / "serve.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                _serve_command(config_path),
+                cwd=REPO,
+                env=_serve_environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(f"{url}/readyz", process, log_path)
+            _wait_ready(f"{url}{GUARDED_PREFIX}/readyz", process, log_path)
+        except ServeExitedError:
+            _stop(process)
+            if attempt == STARTUP_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            _stop(process)
+            raise
+        try:
+            yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
+        finally:
+            _stop(process)
+        return
+
+
+def _serve_environment() -> dict[str, str]:
+    return {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
         "RAY_ADDRESS": "local",  # a fresh local cluster, never one another process started
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     }
+
+
+def _serve_command(config_path: Path) -> list[str]:
     serve = Path(sys.executable).with_name("serve")
-    command = [str(serve) if serve.exists() else "serve", "run", str(config_path)]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(f"{url}/readyz", process, log_path)
-        _wait_ready(f"{url}{GUARDED_PREFIX}/readyz", process, log_path)
-        yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
-    finally:
-        _stop(process)
+    return [str(serve) if serve.exists() else "serve", "run", str(config_path)]
 
 
 def _stop(process: subprocess.Popen) -> None:

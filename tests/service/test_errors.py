@@ -2,6 +2,9 @@
 
 import pytest
 
+from service.config import DEFAULT_EXPLANATION_SECRET
+from service.explanations import ExplanationKey, encode_explanation_id
+
 pytestmark = pytest.mark.slow
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
@@ -121,6 +124,15 @@ def test_an_overlong_explanation_id_is_400(client):
 
 def test_a_forged_explanation_id_is_404(client):
     assert_error(client.get("/v1/explanations/AQVlbi16aAAAAAAAAAAAAAEBAQE"), 404, "explanation_not_found")
+
+
+@pytest.mark.parametrize(
+    "model, digest", [("en-zh", "0" * 16), ("de-en", "0" * 16)], ids=["other-weights", "unserved-model"]
+)
+def test_a_signed_id_for_weights_or_a_model_not_served_is_404(client, model, digest):
+    key = ExplanationKey(model, digest, (5, 6, 0), (7, 0))
+    explanation_id = encode_explanation_id(key, DEFAULT_EXPLANATION_SECRET.encode())
+    assert_error(client.get(f"/v1/explanations/{explanation_id}"), 404, "explanation_not_found")
 
 
 def test_a_truncated_explanation_id_is_404(client):
