@@ -51,7 +51,7 @@ async def _awaited(response: DeploymentResponse) -> Any:
     return result
 
 
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 429, 503, 504)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
 
 # serve.ingress serializes the routes when the class is decorated: every helper they use is
 # defined above the class, and annotations are real objects (no `from __future__ import annotations`),
@@ -73,7 +73,7 @@ async def _handle_error(request: Request, error: Exception) -> Response:
     return exception_response(error, request.app.state.ingress.config.retry_after_s)
 
 
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.1})
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
 @serve.ingress(api)
 class Ingress:
     """Routes, model selection, backpressure and timeouts; the models run in the translator deployments."""

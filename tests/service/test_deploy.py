@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from service.app import build_app
 from service.config import ServiceConfig, translator_deployment_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +29,12 @@ def test_the_serve_config_has_settings_for_every_deployment_the_app_builds():
     config = ServiceConfig.model_validate(application["args"])
     expected = {"Ingress", *(translator_deployment_name(m.id) for m in config.models)}
     assert {d["name"] for d in application["deployments"]} == expected
+
+
+def test_the_application_builder_accepts_the_serve_config_arguments():
+    (application,) = SERVE_CONFIG["applications"]
+    app = build_app(application["args"])  # builds the deployment graph; loads no model
+    assert app is not None
 
 
 def test_translators_take_at_least_a_full_batch_of_requests():
