@@ -445,7 +445,8 @@ function drawSteps() {
     steps: response.steps,
     sourceLang: modelInfo(e.model).source_lang ?? "",
     targetLang: targetLanguage(),
-    mapRow: (request.kind === "cross" ? response.cross_attention : response.encoder_self_attention)?.[request.layer]?.[request.head]?.[request.position],
+    map: (request.kind === "cross" ? response.cross_attention : response.encoder_self_attention)?.[request.layer]?.[request.head],
+    mapLabels: (request.kind === "cross" ? targetTokens : sourceTokens).map(pieceLabel),
     note: retokenized ? t("retokenized", { count: targetTokens.length, decoded: e.target_tokens.length }) : "",
   });
 }

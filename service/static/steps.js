@@ -7,13 +7,13 @@ import { t } from "./i18n.js";
 const MAX_COLUMNS = 48; // vectors wider than this are shown by their first dimensions
 
 /** A matrix of coloured cells (diverging: blue negative, orange positive); the value is in data-value and the tooltip. */
-function matrixView(rows, labels, name, { maxColumns = MAX_COLUMNS, lang = "" } = {}) {
+function matrixView(rows, labels, name, { maxColumns = MAX_COLUMNS, lang = "", highlightRow = -1 } = {}) {
   const width = rows[0]?.length ?? 0;
   const shown = Math.min(width, maxColumns);
   const scale = Math.max(1e-9, ...rows.map((row) => Math.max(...row.slice(0, shown).map(Math.abs))));
   const grid = el("div", { class: "matrix", role: "img", "aria-label": `${name}: ${rows.length} × ${width}`, style: { "--cols": shown } });
   rows.forEach((row, r) => {
-    grid.append(el("span", { class: "m-label", lang, title: labels[r] }, labels[r]));
+    grid.append(el("span", { class: `m-label${r === highlightRow ? " current" : ""}`, lang, title: labels[r] }, labels[r]));
     for (let j = 0; j < shown; j++) {
       const value = row[j];
       grid.append(
@@ -27,7 +27,7 @@ function matrixView(rows, labels, name, { maxColumns = MAX_COLUMNS, lang = "" } 
     }
     grid.append(el("span", { class: "m-more", "aria-hidden": "true" }, shown < width ? "…" : ""));
   });
-  return el("figure", { class: "matrix-figure" }, el("figcaption", {}, el("span", { class: "math" }, name), ` ${rows.length}×${width}`), el("div", { class: "scroll-x" }, grid));
+  return el("figure", { class: "matrix-figure" }, el("figcaption", {}, el("span", { class: name.length > 12 ? "caption-text" : "math" }, name), ` ${rows.length}×${width}`), el("div", { class: "scroll-x" }, grid));
 }
 
 function bar(value, low, high, kind) {
@@ -131,10 +131,13 @@ export function renderSteps(container, data) {
   );
 
   // The same weights, read from the attention map of the same forced decode: the two must agree.
-  if (data.mapRow) {
-    const difference = Math.max(...steps.weights.map((w, s) => Math.abs(w - (data.mapRow[s] ?? NaN))));
+  const mapRow = data.map?.[data.position];
+  if (mapRow) {
+    const difference = Math.max(...steps.weights.map((w, s) => Math.abs(w - (mapRow[s] ?? NaN))));
+    const agrees = difference < 1e-4;
     stepSoftmax.append(
-      el("p", { class: `map-check ${difference < 1e-4 ? "ok" : "bad"}`, "data-difference": difference }, t(difference < 1e-4 ? "map_agrees" : "map_differs", { difference: difference.toExponential(1) })),
+      el("p", { class: `map-check ${agrees ? "ok" : "bad"}`, "data-difference": difference }, t(agrees ? "map_agrees" : "map_differs", { difference: difference.toExponential(1) })),
+      matrixView(data.map, data.mapLabels.map((label, i) => `${i + 1} ${label}`), t("map_caption"), { maxColumns: 64, highlightRow: data.position }),
     );
   }
 
