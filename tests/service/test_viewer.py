@@ -166,6 +166,16 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     assert probabilities == pytest.approx([2.718281828459045**score for score in explanation["token_scores"]], rel=1e-6)
     screenshot(page, "heatmap-light-en")
 
+    # The word view merges pieces into the service's words; every row still sums to 1.
+    page.check("input[name=view][value=words]")
+    page.select_option("#head-select", "avg")
+    request = {"texts": [page.input_value("#source-text")], "model": model["id"], "beam_size": 2, "n_best": 2}
+    words = api.post("/v1/translate", json=request).json()["translations"][0]
+    cells = shown_cells(page)
+    assert len(cells) == len(words["target_words"]) * len(words["source_words"])
+    for t in range(len(words["target_words"])):
+        assert sum(cells[t, s] for s in range(len(words["source_words"]))) == pytest.approx(1, abs=1e-4)
+
 
 def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
     translate(page, model, beam_size=3, n_best=3)
