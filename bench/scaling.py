@@ -213,7 +213,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         # 2. autoscaling: up under load, down when idle
         cluster.deploy(with_translator(config, autoscaling_config=AUTOSCALING), "autoscaling")
         idle = cluster.wait_for(TRANSLATOR, 1, timeout_s=90)  # idle: back to min_replicas first
-        with BackgroundLoad(url + "/v1/translate", sentences, 16, deadline_s=args.load_s) as load:
+        with BackgroundLoad(url + "/v1/translate", sentences, 8, deadline_s=args.load_s) as load:
             up_decided = cluster.wait_for(TRANSLATOR, 2, timeout_s=args.load_s, decided=True)
             up = cluster.wait_for(TRANSLATOR, 2, timeout_s=args.load_s)
             up = None if up is None or up_decided is None else up + up_decided
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny random models")
-    parser.add_argument("--load-s", type=float, default=60.0, help="longest load (and wait) for each scale-up")
+    parser.add_argument("--load-s", type=float, default=90.0, help="longest load (and wait) for each scale-up")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
