@@ -277,8 +277,7 @@ function renderAttention() {
 }
 
 function drawHeatmap() {
-  const max = renderHeatmap($("#heatmap"), state.current, { showValues: $("#show-values").checked, ...languages() });
-  $("#legend-max").textContent = fixed(max, 2);
+  renderHeatmap($("#heatmap"), state.current, { showValues: $("#show-values").checked, ...languages() });
 }
 
 function redrawLines() {

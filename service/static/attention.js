@@ -3,13 +3,16 @@
 import { $, $$, clamp, compact, el, fixed, svg } from "./dom.js";
 import { t } from "./i18n.js";
 
-export function rowMax(matrix) {
-  return Math.max(1e-9, ...matrix.map((row) => Math.max(...row)));
+/**
+ * Colour intensity of an attention weight: an absolute scale (0 → 1, the same for every head, so a head
+ * that spreads its attention looks pale), square-rooted so that weights of a long row stay visible.
+ */
+export function intensity(weight) {
+  return Math.sqrt(clamp(weight, 0, 1));
 }
 
 /** The T×S table: one focusable cell per (target, source) pair with data-t, data-s and data-value. */
 export function renderHeatmap(table, view, { showValues, sourceLang, targetLang }) {
-  const max = rowMax(view.matrix);
   const head = el(
     "tr",
     {},
@@ -36,16 +39,16 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
         ),
       ),
       view.matrix[row].map((value, s) => {
-        const relative = value / max;
+        const shade = intensity(value);
         return el(
           "td",
           {
-            class: `cell${relative > 0.55 ? " hot" : ""}`,
+            class: `cell${shade > 0.62 ? " hot" : ""}`,
             "data-t": row,
             "data-s": s,
             "data-value": value,
             tabindex: row === 0 && s === 0 ? 0 : -1,
-            style: { "--v": relative.toFixed(4) },
+            style: { "--v": shade.toFixed(4) },
           },
           showValues ? compact(value) : "",
         );
@@ -54,7 +57,6 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
   );
   table.classList.toggle("values", showValues);
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
-  return max;
 }
 
 export function tokenClass(token) {
@@ -137,7 +139,6 @@ export function drawAlignmentLines(view, selected) {
   const lines = $("#align-lines");
   const box = lines.getBoundingClientRect();
   const height = box.height;
-  const max = rowMax(view.matrix);
   const centre = (node) => {
     const r = node.getBoundingClientRect();
     return r.left + r.width / 2 - box.left;
@@ -170,7 +171,7 @@ export function drawAlignmentLines(view, selected) {
           x2: targetX[row],
           y2: height - 2,
           class: `align-line${aligned ? " aligned" : " extra"}${active}`,
-          "stroke-width": (0.75 + 6 * (value / max)).toFixed(2),
+          "stroke-width": (0.75 + 6 * intensity(value)).toFixed(2),
           "data-s": s,
           "data-t": row,
           "data-value": value,
