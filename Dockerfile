@@ -35,7 +35,9 @@ COPY model ./model
 COPY service ./service
 COPY deploy ./deploy
 
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
+# Readable by the unprivileged user whatever the modes in the checkout (weights may be 0600).
+RUN chmod -R a+rX /app \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 USER 10001
 
 EXPOSE 8000
