@@ -375,8 +375,14 @@ class Plan:
 
 def plan_for(args: argparse.Namespace) -> Plan:
     if args.quick:
-        return Plan(args.requests or 200, args.concurrency or 16, args.batch_requests or 16, 0, 64, 5.0, 256)
-    return Plan(args.requests or 1000, args.concurrency or 32, args.batch_requests or 100, 2000, 64, 30.0, 1000)
+        plan = Plan(args.requests or 200, args.concurrency or 16, args.batch_requests or 16, 0, 64, 5.0, 256)
+    else:
+        plan = Plan(args.requests or 1000, args.concurrency or 32, args.batch_requests or 100, 2000, 64, 30.0, 1000)
+    if args.nothing_lost_requests is not None:
+        plan.nothing_lost_requests = args.nothing_lost_requests
+    if args.engine_budget_s is not None:
+        plan.engine_budget_s = args.engine_budget_s
+    return plan
 
 
 def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, config: dict) -> dict[str, Any]:
@@ -471,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, help="concurrent clients (quick 16, full 32)")
     parser.add_argument("--batch-requests", type=int, help="requests of --texts-per-request texts (quick 16, full 100)")
     parser.add_argument("--texts-per-request", type=int, default=16)
+    parser.add_argument("--nothing-lost-requests", type=int, help="'nothing lost' row, concurrency 64 (0 skips)")
+    parser.add_argument("--engine-budget-s", type=float, help="seconds per engine row (quick 5, full 30)")
     parser.add_argument("--beam-size", type=int, default=4, help="the API's default is 4")
     parser.add_argument(
         "--engine-threads", type=int, help="torch threads of the engine rows (default: translator num_cpus)"
