@@ -2,6 +2,7 @@
 
 import { $, $$, clamp, compact, el, fixed, svg } from "./dom.js";
 import { t } from "./i18n.js";
+import { isCjk } from "./tokens.js";
 
 /**
  * Colour intensity of an attention weight: an absolute scale (0 → 1, the same for every head, so a head
@@ -9,6 +10,16 @@ import { t } from "./i18n.js";
  */
 export function intensity(weight) {
   return Math.sqrt(clamp(weight, 0, 1));
+}
+
+/**
+ * How a column header is set: short labels level; Chinese wrapped two characters a line (vertical
+ * CJK depends on fonts' vertical metrics, which some lack); longer Latin labels turned sideways.
+ */
+function headerShape(label) {
+  const characters = [...label];
+  if (characters.some(isCjk)) return " cjk";
+  return characters.length <= 3 ? " short" : "";
 }
 
 /** The T×S table: one focusable cell per (target, source) pair with data-t, data-s and data-value. */
@@ -20,7 +31,7 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
     view.source.map((token, s) =>
       el(
         "th",
-        { scope: "col", class: `src-head${[...token.label].length <= 3 ? " short" : ""}`, "data-s": s, title: token.raw, lang: sourceLang },
+        { scope: "col", class: `src-head${headerShape(token.label)}`, "data-s": s, title: token.raw, lang: sourceLang },
         el("span", { class: tokenClass(token) }, token.label),
       ),
     ),
