@@ -197,9 +197,10 @@ class TransformersEngine:
         width = max(len(ids) for ids in batch)
         input_ids = torch.tensor([ids + [self.pad] * (width - len(ids)) for ids in batch], device=self.device)
         attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in batch], device=self.device)
+        beam_options = {"early_stopping": True, "length_penalty": 1.0} if beam_size > 1 else {}
         output = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask, num_beams=beam_size, do_sample=False,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, early_stopping=True, length_penalty=1.0,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, **beam_options,
         )
         return [[t for t in row[1:] if t != self.pad] for row in output.tolist()]
 

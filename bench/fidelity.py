@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     import sacrebleu
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=sorted(DIRECTIONS))
+    parser.add_argument("--models", nargs="+", default=sorted(DIRECTIONS), help="shipped names or directories")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
     parser.add_argument("--dev", default=str(DEFAULT_DEV))
     parser.add_argument("--limit", type=int, default=0, help="first N dev sentences only (0: all)")
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = rows[: args.limit]
     report = {"dev": str(args.dev), "sentences": len(rows), "beam_size": args.beam_size, "models": {}}
     for name in args.models:
-        source_column, target_column, tokenize = DIRECTIONS[name]
+        source_column, target_column, tokenize = DIRECTIONS[Path(name).name]  # a shipped name or a directory
         sources = [row[source_column] for row in rows]
         references = [row[target_column] for row in rows]
         reference, seconds = translate_all(

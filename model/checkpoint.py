@@ -143,14 +143,20 @@ def load_state(model: Transformer, tensors: dict[str, torch.Tensor], source: str
 
 
 def load_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
-    """Read config.json + model.safetensors from a Marian directory into a Transformer (eval mode)."""
+    """Read config.json + model.safetensors from a Marian directory into a Transformer (eval mode).
+
+    Weights stored in another precision (fp16 files) are converted to fp32; dtype=torch.bfloat16
+    then stores the matrices in bf16 (Transformer.cast_weights), the fast mode.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"model directory {directory} does not exist")
     config = ModelConfig.load(directory / "config.json")
     model = Transformer(config)
     load_state(model, _read_safetensors(directory), source=str(directory / WEIGHTS_NAME))
-    return model.to(dtype).eval()
+    if dtype == torch.float32:
+        return model.eval()
+    return model.cast_weights(dtype).eval()  # matrices in dtype, norms and activations in fp32
 
 
 def save_model(model: Transformer, directory: str | Path, dtype: torch.dtype | None = None) -> None:

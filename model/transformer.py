@@ -62,6 +62,55 @@ def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) ->
     return torch.matmul(weights, value), weights  # (B, h, T, d_k), (B, h, T, S)
 
 
+ONEDNN = torch.backends.mkldnn.is_available()
+RESCORED_CANDIDATES = 16  # per row, recomputed in fp32 under bf16 weights: the 2k candidates of beams up to 8
+
+
+class PackedWeight:
+    """A oneDNN-prepacked copy of a weight (out, in) for CPU inference, rebuilt whenever the weight changes.
+
+    oneDNN picks a blocked memory layout for the weight once instead of on every call: the
+    decoder-step matmuls run about 1.3-2× faster on this machine (more in bf16). Results agree
+    with F.linear to float rounding (~1e-6 in fp32).
+    """
+
+    def __init__(self) -> None:
+        self.stamp: tuple | None = None
+        self.packed: Tensor | None = None
+
+    def get(self, weight: Tensor) -> Tensor:
+        version = 0 if weight.is_inference() else weight._version  # inference tensors are never updated in place
+        stamp = (weight.data_ptr(), version, weight.dtype, weight.shape)
+        if stamp != self.stamp:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self.stamp = stamp
+        return self.packed
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: PackedWeight) -> Tensor:
+    """x Wᵀ + b; through the prepacked weight when running inference on CPU, else F.linear.
+
+    Weights in a lower precision than x (a bf16 model, see Transformer.cast_weights) multiply
+    in their own dtype; the result comes back in x's dtype, so activations stay fp32.
+    """
+    if x.dtype != weight.dtype and x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
+        return linear(x.to(weight.dtype), weight, bias, packed).to(x.dtype)
+    if ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled():
+        return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same names) that uses a prepacked weight in CPU inference."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.packed = PackedWeight()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with the projections named as in transformers (q/k/v/out_proj)."""
 
@@ -69,12 +118,13 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.d_k = d_model // heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.dropout = dropout
         self._fused: tuple[tuple, Tensor, Tensor] | None = None
+        self._fused_packed = PackedWeight()
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
@@ -102,7 +152,8 @@ class MultiHeadAttention(nn.Module):
         """Q, K and V of x (B, T, d_model) from one fused matmul → three (B, h, T, d_k)."""
         batch, length, _ = x.shape
         weight, bias = self.fused_query_key_value_projection()
-        qkv = F.linear(x, weight, bias).view(batch, length, 3, self.heads, self.d_k)  # (B, T, 3, h, d_k)
+        qkv = linear(x, weight, bias, self._fused_packed)  # (B, T, 3·d_model)
+        qkv = qkv.view(batch, length, 3, self.heads, self.d_k)  # (B, T, 3, h, d_k)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, h, T, d_k)
         return query, key, value
 
@@ -129,7 +180,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Heads already split: query (B, h, T, d_k) over key/value (B, h, S, d_k) → (B, T, d_model), weights."""
         batch, _, length, _ = query.shape
-        if need_weights:
+        if need_weights or length == 1:  # one query (a decoding step): plain matmuls beat SDPA's kernels on CPU
             context, weights = attention(query, key, value, mask)
         else:
             weights = None
@@ -150,8 +201,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, activation: str, dropout: float) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.fc1 = Linear(d_model, ffn_dim)
+        self.fc2 = Linear(ffn_dim, d_model)
         self.activation = _ACTIVATIONS[activation]
         self.activation_dropout = dropout
 
@@ -319,7 +370,8 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(d, config.target_vocab_size, bias=False)
+            self.lm_head = Linear(d, config.target_vocab_size, bias=False)
+        self._output_packed = PackedWeight()  # for the output projection, tied or not
         self.register_buffer("final_logits_bias", torch.zeros(config.target_vocab_size))
 
     def untie_embeddings(self) -> None:
@@ -340,16 +392,41 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"sequence of {start + length} positions exceeds max_position_embeddings={self.positions.size(0)}"
             )
-        x = table(token_ids) * self.embed_scale + self.positions[start : start + length]
+        x = table(token_ids).to(self.positions.dtype) * self.embed_scale + self.positions[start : start + length]
         return F.dropout(x, self.config.dropout, self.training)
+
+    def cast_weights(self, dtype: torch.dtype) -> Transformer:
+        """Store the matrices (linear layers, embeddings) in `dtype`, e.g. bf16 for the fast mode.
+
+        Layer norms, positions and final_logits_bias stay fp32, and so do the activations:
+        each matmul runs in the weights' dtype and hands back fp32 (see `linear`). Half the
+        memory traffic and the CPU's bf16 dot-product instructions, with one rounding per
+        matmul instead of one per operation.
+        """
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.to(dtype)
+        return self
 
     @property
     def output_weight(self) -> Tensor:
         return self.decoder_embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Linear output projection + final_logits_bias (softmax is left to the caller)."""
-        return F.linear(hidden, self.output_weight) + self.final_logits_bias
+        """Linear output projection + final_logits_bias (softmax is left to the caller).
+
+        With low-precision weights (the fast mode) the projection over the whole vocabulary
+        runs in their dtype, then each row's RESCORED_CANDIDATES best logits are recomputed
+        from the fp32 hidden state: rounding 30k-wide logits to bf16 (3 significant digits)
+        would otherwise decide the near-ties between the best tokens.
+        """
+        weight = self.output_weight
+        logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
+        if weight.dtype == hidden.dtype:
+            return logits
+        candidates = logits.topk(min(RESCORED_CANDIDATES, logits.size(-1)), dim=-1).indices  # (..., m)
+        exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
+        return logits.scatter(-1, candidates, exact + self.final_logits_bias[candidates])
 
     # ---- encoder ----------------------------------------------------------------------
     def encode(self, source_ids: Tensor, source_mask: Tensor, need_weights: bool = False) -> EncoderOutput:
@@ -400,8 +477,8 @@ class Transformer(nn.Module):
             self_key.append(encoder.hidden.new_empty(shape))
             self_value.append(encoder.hidden.new_empty(shape))
             key, value = layer.encoder_attn.project_key_value(encoder.hidden)
-            cross_key.append(key)
-            cross_value.append(value)
+            cross_key.append(key.contiguous())  # (B, h, S, d_k) laid out for the per-step matmuls, copied once
+            cross_value.append(value.contiguous())
         return DecoderCache(
             self_key, self_value, cross_key, cross_value, encoder.mask[:, None, None, :], 0, capacity
         )
