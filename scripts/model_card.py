@@ -9,6 +9,16 @@ import argparse
 import json
 from pathlib import Path
 
+from safetensors import safe_open
+
+
+def _count(shape: list[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
 LANGUAGES = {"en": "English", "zh": "Chinese (Mandarin, mostly simplified)"}
 
 
@@ -28,7 +38,8 @@ def main() -> None:
     config = json.loads((model / "config.json").read_text())
     scores = json.loads(Path(args.dev_scores).read_text())
     size = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.name != "README.md")
-    parameters = summary.get("parameters")
+    with safe_open(str(model / "model.safetensors"), framework="pt") as weights:
+        parameters = f"{sum(_count(weights.get_slice(name).get_shape()) for name in weights.keys()):,}"
     name = model.name
     tokenize = "zh" if args.target == "zh" else "13a"
     history = "\n".join(
