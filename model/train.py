@@ -243,7 +243,6 @@ def translate_all(
     model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64
 ) -> list[str]:
     model.eval()
-    outputs = []
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     results: dict[int, str] = {}
     for start in range(0, len(order), batch_size):
@@ -251,8 +250,7 @@ def translate_all(
         ids = [tokenizer.encode_source(texts[i])[: model.config.max_position_embeddings] for i in chunk]
         for index, hypotheses in zip(chunk, beam_search(model, ids, beam_size=beam_size)):
             results[index] = tokenizer.decode(hypotheses[0].token_ids)
-    outputs = [results[i] for i in range(len(texts))]
-    return outputs
+    return [results[i] for i in range(len(texts))]
 
 
 def evaluate(

@@ -254,7 +254,6 @@ class DecoderCache:
     capacity: int = 0
     spare_key: list[Tensor] = field(default_factory=list)
     spare_value: list[Tensor] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:

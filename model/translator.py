@@ -1,8 +1,8 @@
 """The public engine API: load a Marian directory, translate, and say which source words produced which output.
 
-    tr = Translator.from_pretrained("en-zh")          # a shipped model by name, or a directory
-    out = tr.translate(["The cat sat."], beam_size=4, return_attention=True)
-    out[0].text, out[0].alignment, out[0].cross_attention
+tr = Translator.from_pretrained("en-zh")          # a shipped model by name, or a directory
+out = tr.translate(["The cat sat."], beam_size=4, return_attention=True)
+out[0].text, out[0].alignment, out[0].cross_attention
 """
 
 from __future__ import annotations
@@ -89,7 +89,11 @@ def word_alignment(
         rows = averaged[target_pieces].mean(dim=0)  # (S,)
         mass = torch.stack([rows[pieces].sum() for pieces in source_groups])
         pairs.append((int(mass.argmax()), target_word))
-    return pairs, [_word_text(source_tokens, g) for g in source_groups], [_word_text(target_tokens, g) for g in target_groups]
+    return (
+        pairs,
+        [_word_text(source_tokens, g) for g in source_groups],
+        [_word_text(target_tokens, g) for g in target_groups],
+    )
 
 
 def _word_text(tokens: list[str], group: list[int]) -> str:
@@ -99,7 +103,9 @@ def _word_text(tokens: list[str], group: list[int]) -> str:
 class Translator:
     """A loaded model plus its tokenizer, ready to translate batches of text."""
 
-    def __init__(self, model: Transformer, tokenizer: MarianTokenizer, name: str = "model", weights_digest: str = "") -> None:
+    def __init__(
+        self, model: Transformer, tokenizer: MarianTokenizer, name: str = "model", weights_digest: str = ""
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -115,7 +121,11 @@ class Translator:
         model = load_model(directory, dtype=dtype or torch.float32).to(pick_device(device))
         tokenizer = MarianTokenizer.from_directory(directory)
         if tokenizer.eos_id != model.config.eos_token_id:
-            logger.warning("vocab.json's </s> id %d differs from config eos_token_id %d", tokenizer.eos_id, model.config.eos_token_id)
+            logger.warning(
+                "vocab.json's </s> id %d differs from config eos_token_id %d",
+                tokenizer.eos_id,
+                model.config.eos_token_id,
+            )
         digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
         return cls(model, tokenizer, name=directory.name, weights_digest=digest)
 
@@ -139,7 +149,8 @@ class Translator:
             encoded = self.tokenizer.encode_source(text)
             if len(encoded) > self.config.max_position_embeddings:
                 raise InputTooLongError(
-                    f"texts[{index}] has {len(encoded)} tokens; this model accepts at most {self.config.max_position_embeddings}"
+                    f"texts[{index}] has {len(encoded)} tokens; "
+                    f"this model accepts at most {self.config.max_position_embeddings}"
                 )
             ids.append(encoded)
         return ids
@@ -196,7 +207,12 @@ class Translator:
         the attention tensors themselves are returned only when return_attention is true."""
         source_ids = self.encode_source(texts)
         nbest = self.generate(
-            source_ids, beam_size, max_new_tokens, num_return_sequences, return_attention=True, length_penalty=length_penalty
+            source_ids,
+            beam_size,
+            max_new_tokens,
+            num_return_sequences,
+            return_attention=True,
+            length_penalty=length_penalty,
         )
         results = []
         for ids, hypotheses in zip(source_ids, nbest):

@@ -101,7 +101,9 @@ def test_output_loads_in_our_translator_and_transformers_identically(trained, da
     for source, hypotheses in zip(ids, ours.generate(ids, beam_size=1, max_new_tokens=30)):
         expected = reference.generate(torch.tensor([source]), num_beams=1, do_sample=False, max_new_tokens=30)
         assert hypotheses[0].token_ids == expected[0, 1:].tolist()
-        assert ours.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(expected[0], skip_special_tokens=True, use_source_tokenizer=False)
+        assert ours.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(
+            expected[0], skip_special_tokens=True, use_source_tokenizer=False
+        )
 
 
 def test_output_converts_with_ctranslate2_and_decodes_identically(trained, data, tmp_path):
