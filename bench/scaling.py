@@ -44,6 +44,7 @@ if str(REPOSITORY) not in sys.path:
 from bench.service import (  # noqa: E402
     DEFAULT_DATA,
     RESULTS,
+    exit_on_sigterm,
     bench_config,
     free_port,
     read_sentences,
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     output = args.output or RESULTS / f"scaling{'-quick' if args.quick else ''}.json"

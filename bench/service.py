@@ -294,6 +294,15 @@ def session_pids(session_id: int) -> list[int]:
     return pids
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (timeout, kill, a CI runner) into SystemExit so `with` blocks stop what they started."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
     """SIGINT (serve run shuts Ray down), then SIGKILL to whatever of its session lingers (Ray's daemons)."""
     if process.poll() is None:
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV whose first column is English")
     parser.add_argument("--output", type=Path, help="JSON report (default bench/results/service-cpu[-quick].json)")
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     output = args.output or RESULTS / f"service-cpu{'-quick' if args.quick else ''}.json"

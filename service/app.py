@@ -23,7 +23,7 @@ from starlette.responses import FileResponse, Response
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
 from service.deployments import Rejected, TranslatorDeployment
 from service.errors import ApiError, error_response, exception_response, json_response
-from service.explanations import decode_explanation_id
+from service.explanations import ExplanationKey, decode_explanation_id
 from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
 from service.middleware import ServiceMiddleware
 from service.schemas import (
@@ -143,6 +143,13 @@ class Ingress:
             self._info_at = time.monotonic()
         return self._info
 
+    def explanation_key(self, explanation_id: str) -> ExplanationKey:
+        """Verify an explanation id and check that its model is served here."""
+        key = decode_explanation_id(explanation_id, self.secret)
+        if key.model_id not in self.specs:
+            raise ApiError(404, "explanation_not_found", f"model {key.model_id!r} of this explanation is not served")
+        return key
+
     # ---- routes ------------------------------------------------------------------------
     @api.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
     async def translate(self, body: TranslateRequest) -> Response:
@@ -158,9 +165,7 @@ class Ingress:
         summary="Fetch the attention maps of a translation by its explanation id",
     )
     async def explanation(self, explanation_id: str) -> Response:
-        key = decode_explanation_id(explanation_id, self.secret)
-        if key.model_id not in self.specs:
-            raise ApiError(404, "explanation_not_found", f"model {key.model_id!r} of this explanation is not served")
+        key = self.explanation_key(explanation_id)
         handle = self.translators[key.model_id]
         return json_response(
             await self.call(handle.explanation.remote(key.weights_digest, key.source_ids, key.target_ids))
@@ -168,10 +173,15 @@ class Ingress:
 
     @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
     async def explain(self, body: ExplainRequest) -> Response:
-        model = self.pick_model(body.model, body.source_lang, body.target_lang)
-        call = self.translators[model].explain.remote(
-            body.source, body.target, body.kind, body.layer, body.head, body.position, body.beam_size
-        )
+        view = (body.kind, body.layer, body.head, body.position)
+        if body.explanation_id is not None:
+            key = self.explanation_key(body.explanation_id)
+            call = self.translators[key.model_id].explain_ids.remote(
+                key.weights_digest, key.source_ids, key.target_ids, *view
+            )
+        else:
+            model = self.pick_model(body.model, body.source_lang, body.target_lang)
+            call = self.translators[model].explain.remote(body.source, body.target, *view, body.beam_size)
         return json_response(await self.call(call))
 
     @api.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, summary="Served models")

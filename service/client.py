@@ -96,9 +96,14 @@ class _Client:
         """GET /v1/explanations/{explanation_id}."""
         return self.request("GET", f"/v1/explanations/{explanation_id}")
 
-    def explain(self, source: str, target: str | None = None, **options: Any) -> Any:
-        """POST /v1/explain; options: source_lang, target_lang, model, kind, layer, head, position, beam_size."""
-        return self.request("POST", "/v1/explain", {"source": source, "target": target, **options})
+    def explain(
+        self, source: str | None = None, target: str | None = None, *, explanation_id: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """POST /v1/explain of an explanation_id, or of a source (and target); options: source_lang, target_lang,
+        model, kind, layer, head, position, beam_size."""
+        body = {"explanation_id": explanation_id, "source": source, "target": target, **options}
+        return self.request("POST", "/v1/explain", {k: v for k, v in body.items() if v is not None})
 
     def models(self) -> Any:
         """GET /v1/models: {"models": [...]}."""

@@ -205,12 +205,15 @@ class TranslatorDeployment:
         return await _rejecting(self._explanation(weights_digest, source_ids, target_ids))
 
     async def _explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict:
+        self._check_weights(weights_digest)
+        return await asyncio.to_thread(self._forced_decode_json, list(source_ids), list(target_ids), "explanation")
+
+    def _check_weights(self, weights_digest: str) -> None:
         if weights_digest != self.translator.weights_digest:
             raise ExplanationNotFoundError(
                 f"this explanation was made with weights {weights_digest}; model {self.spec.id} now serves "
                 f"{self.translator.weights_digest}"
             )
-        return await asyncio.to_thread(self._forced_decode_json, list(source_ids), list(target_ids), "explanation")
 
     def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str) -> dict:
         """The explanation object; with kind "explain" also the encoder self-attention."""
@@ -253,17 +256,31 @@ class TranslatorDeployment:
             limit = self.translator.config.max_position_embeddings
             if len(target_ids) > limit:
                 raise InputTooLongError(f"target has {len(target_ids)} tokens; this model accepts at most {limit}")
-        config = self.translator.config
+        return await asyncio.to_thread(self._explain_json, source_ids, target_ids, kind, layer, head, position)
+
+    async def explain_ids(
+        self, weights_digest: str, source_ids: list[int], target_ids: list[int],
+        kind: str, layer: int | None, head: int, position: int,
+    ) -> dict | Rejected:
+        """POST /v1/explain of an explanation id: exactly the tokens the model decoded."""
+
+        async def run() -> dict:
+            self._check_weights(weights_digest)
+            return await asyncio.to_thread(
+                self._explain_json, list(source_ids), list(target_ids), kind, layer, head, position
+            )
+
+        return await _rejecting(run())
+
+    def _explain_json(
+        self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
+    ) -> dict:
         if layer is None:
-            layer = self.translator.alignment_layer if kind == "cross" else config.encoder_layers - 1
-
-        def run() -> dict:
-            result = self._forced_decode_json(source_ids, target_ids, "explain")
-            steps = attention_steps(self.translator.model, source_ids, target_ids, kind, layer, head, position)
-            result["steps"] = steps_json(steps)
-            return result
-
-        return await asyncio.to_thread(run)
+            layer = self.translator.alignment_layer if kind == "cross" else self.translator.config.encoder_layers - 1
+        result = self._forced_decode_json(source_ids, target_ids, "explain")
+        steps = attention_steps(self.translator.model, source_ids, target_ids, kind, layer, head, position)
+        result["steps"] = steps_json(steps)
+        return result
 
 
 def _source_text(source_tokens: list[str]) -> str:

@@ -101,9 +101,20 @@ class ExplanationResponse(BaseModel):
 
 
 class ExplainRequest(ModelChoice):
-    """POST /v1/explain: explain a source and a translation (given, or the model's own) step by step."""
+    """POST /v1/explain: explain a translation step by step.
 
-    source: Text = Field(examples=["The cat sat on the mat."])
+    Name the translation by its explanation_id (the exact tokens the model decoded; the id
+    also names the model), or give a source with an optional target text (re-tokenized;
+    default: the model's own translation).
+    """
+
+    explanation_id: str | None = Field(
+        None,
+        max_length=8192,
+        description="An explanation_id from /v1/translate: explain exactly those tokens. Excludes source, "
+        "target and the model choice.",
+    )
+    source: Text | None = Field(None, examples=["The cat sat on the mat."])
     target: Text | None = Field(None, description="A translation to force-decode; default: the model's own.")
     kind: AttentionKind = Field(
         "cross", description="Which attention to open: decoder cross-attention or encoder self-attention."
@@ -116,6 +127,17 @@ class ExplainRequest(ModelChoice):
         0, ge=0, description="Query position: a target token (cross) or a source token (encoder_self)."
     )
     beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation.")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_translation(self) -> ExplainRequest:
+        if self.explanation_id is None and self.source is None:
+            raise ValueError("give either explanation_id or source")
+        if self.explanation_id is not None:
+            extra = [name for name in ("source", "target", "model", "source_lang", "target_lang")
+                     if getattr(self, name) is not None]
+            if extra:
+                raise ValueError(f"explanation_id names the model and the tokens; do not also give {', '.join(extra)}")
+        return self
 
 
 class AttentionStepsOut(BaseModel):

@@ -393,9 +393,7 @@ async function loadSteps(event) {
   const e = state.explanation;
   if (!e) return;
   const request = {
-    source: e.source,
-    target: e.translation,
-    model: e.model,
+    explanation_id: state.explanationId, // exactly the tokens the decoder wrote
     kind: $("#steps-kind").value,
     layer: Number($("#steps-layer").value),
     head: Number($("#steps-head").value),
@@ -430,8 +428,6 @@ function drawSteps() {
   const targetTokens = response.target_tokens ?? e.target_tokens;
   const keys = sourceTokens.map(pieceLabel);
   const query = request.kind === "cross" ? targetTokens[request.position] : sourceTokens[request.position];
-  // /v1/explain re-tokenizes the translation; say so when its pieces differ from the ones decoded.
-  const retokenized = targetTokens.join(" ") !== e.target_tokens.join(" ");
   const container = $("#steps");
   container.hidden = false;
   renderSteps(container, {
@@ -446,7 +442,6 @@ function drawSteps() {
     targetLang: targetLanguage(),
     map: (request.kind === "cross" ? response.cross_attention : response.encoder_self_attention)?.[request.layer]?.[request.head],
     mapLabels: (request.kind === "cross" ? targetTokens : sourceTokens).map(pieceLabel),
-    note: retokenized ? t("retokenized", { count: targetTokens.length, decoded: e.target_tokens.length }) : "",
   });
 }
 

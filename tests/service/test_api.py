@@ -188,6 +188,19 @@ def test_explain_force_decodes_a_given_target(client):
     assert max_difference(fetched["cross_attention"], result["cross_attention"]) < 1e-6
 
 
+def test_explain_by_explanation_id_uses_exactly_the_decoded_tokens(client):
+    (translation,) = translate(client, ["The cat sat on the mat."], beam_size=2, attention="full")["translations"]
+    body = {"explanation_id": translation["explanation_id"], "kind": "cross", "layer": 1, "head": 3, "position": 0}
+    response = client.post("/v1/explain", json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["target_tokens"] == translation["target_tokens"]
+    assert result["explanation_id"] == translation["explanation_id"] and result["model"] == "en-zh"
+    check_step_arithmetic(result["steps"])
+    # The steps' weights are the very row the translation itself returned for that head.
+    assert max_difference(result["steps"]["weights"], translation["attention"]["cross_attention"][1][3][0]) < TOLERANCE
+
+
 def test_the_viewer_is_served_at_the_root(client):
     response = client.get("/")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")

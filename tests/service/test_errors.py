@@ -135,6 +135,22 @@ def test_a_signed_id_for_weights_or_a_model_not_served_is_404(client, model, dig
     assert_error(client.get(f"/v1/explanations/{explanation_id}"), 404, "explanation_not_found")
 
 
+def test_explain_by_a_forged_explanation_id_is_404(client):
+    body = {"explanation_id": "AQVlbi16aAAAAAAAAAAAAAEBAQE"}
+    assert_error(client.post("/v1/explain", json=body), 404, "explanation_not_found")
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"source": "I like tea."}, {"model": "en-zh"}], ids=["neither", "id-and-source", "id-and-model"]
+)
+def test_explain_needs_exactly_one_way_to_name_the_translation(client, extra):
+    body = dict(extra)
+    if extra:
+        response = client.post("/v1/translate", json={"texts": ["I like tea."], "max_length": 4, **EN_ZH})
+        body["explanation_id"] = response.json()["translations"][0]["explanation_id"]
+    assert_error(client.post("/v1/explain", json=body), 422)
+
+
 def test_a_truncated_explanation_id_is_404(client):
     response = client.post("/v1/translate", json={"texts": ["I like tea."], "max_length": 4, **EN_ZH})
     explanation_id = response.json()["translations"][0]["explanation_id"]
