@@ -51,18 +51,32 @@ def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
 def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_k) V, returning the weights too.
 
-    query (B, h, T, d_k), key and value (B, h, S, d_k); mask broadcastable to (B, h, T, S),
-    True where attending is allowed.
+    query (B, h, T, d_k), key and value (B, h, S, d_k); mask broadcastable to (B, h, T, S):
+    bool, True where attending is allowed, or an additive float mask (0 where allowed, the
+    dtype's lowest value where not; see `additive_mask`), which gives the same weights.
     """
     d_k = query.size(-1)
     scores = torch.matmul(query, key.transpose(-2, -1)) * (d_k**-0.5)  # (B, h, T, S)
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask  # + 0 leaves an allowed score exactly as it was
     weights = scores.softmax(dim=-1)  # (B, h, T, S)
     return torch.matmul(weights, value), weights  # (B, h, T, d_k), (B, h, T, S)
 
 
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked."""
+    if bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
 ONEDNN = torch.backends.mkldnn.is_available()
+# Below this many multiply-adds (rows × in × out) oneDNN's fixed cost per call (~15 µs here) outweighs its
+# faster kernel and plain F.linear wins: the one-row decoding steps of small models. Measured on this
+# machine's 2-core AMD EPYC (fp32, 1 thread): 256→1024 at 1 row 29 µs vs 36 µs, at 2 rows 48 vs 37.
+SMALL_MATMUL = 300_000
 RESCORED_CANDIDATES = 16  # per row, recomputed in fp32 under bf16 weights: the 2k candidates of beams up to 8
 
 
@@ -96,7 +110,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: PackedWeight)
     if x.dtype != weight.dtype and x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
         return linear(x.to(weight.dtype), weight, bias, packed).to(x.dtype)
     if ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled():
-        return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
+        if x.dtype == torch.bfloat16 or x.numel() * weight.size(0) >= SMALL_MATMUL:
+            return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
@@ -157,6 +172,27 @@ class MultiHeadAttention(nn.Module):
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, h, T, d_k)
         return query, key, value
 
+    def attend_one(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """`attention` for one query position per row (a decoding step), as three batched matmuls.
+
+        query (N, h, 1, d_k) or (N, 1, h·d_k); key/value (N, h, t, d_k) whose first two dimensions
+        merge into one (a slice of the cache); mask an additive (N, 1, 1, t) or None. The same
+        kernels and the same arithmetic as `attention` on 4-D tensors, without the expand/reshape
+        round trips, then `out_proj`. Returns (N, 1, d_model) and the weights (N, h, 1, t).
+        """
+        rows, heads, length, d_k = key.shape
+        scores = torch.bmm(query.reshape(rows * heads, 1, d_k), key.view(rows * heads, length, d_k).transpose(1, 2))
+        scores.mul_(d_k**-0.5)  # (N·h, 1, t)
+        if mask is not None:
+            scores.view(rows, heads, 1, length).add_(mask)
+        weights = scores.softmax(dim=-1)
+        context = torch.bmm(weights, value.view(rows * heads, length, d_k))  # (N·h, 1, d_k) = heads side by side
+        out = self.out_proj
+        attended = linear(context.view(rows, 1, heads * d_k), out.weight, out.bias, out.packed)
+        return attended, weights.view(rows, heads, 1, length) if need_weights else None
+
     def forward(
         self,
         x: Tensor,
@@ -180,7 +216,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Heads already split: query (B, h, T, d_k) over key/value (B, h, S, d_k) → (B, T, d_model), weights."""
         batch, _, length, _ = query.shape
-        if need_weights or length == 1:  # one query (a decoding step): plain matmuls beat SDPA's kernels on CPU
+        if need_weights or length == 1:  # one query: plain matmuls beat SDPA's kernels on CPU
             context, weights = attention(query, key, value, mask)
         else:
             weights = None
@@ -208,7 +244,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.activation(self.fc1(x))
-        hidden = F.dropout(hidden, self.activation_dropout, self.training)
+        if self.training:
+            hidden = F.dropout(hidden, self.activation_dropout, True)
         return self.fc2(hidden)
 
 
@@ -249,7 +286,8 @@ class DecoderCache:
     self_value: list[Tensor]
     cross_key: list[Tensor]
     cross_value: list[Tensor]
-    source_mask: Tensor  # (rows, 1, 1, S) bool
+    source_mask: Tensor | None  # (rows, 1, 1, S) additive float mask over padding; None without padding
+    rows: int
     length: int = 0
     capacity: int = 0
     spare_key: list[Tensor] = field(default_factory=list)
@@ -257,7 +295,7 @@ class DecoderCache:
 
     @property
     def batch_size(self) -> int:
-        return self.source_mask.size(0)
+        return self.rows
 
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step's K/V (rows, h, 1, d_k) of `layer` at position `length`; return K/V so far."""
@@ -277,12 +315,14 @@ class DecoderCache:
             for i, buffer in enumerate(buffers):
                 torch.index_select(buffer[:, :, :filled], 0, index, out=spares[i][:rows, :, :filled])
                 buffers[i], spares[i] = spares[i], buffer
-        if same_sources and rows == self.batch_size:
+        if same_sources and rows == self.rows:
             return
         for buffers in (self.cross_key, self.cross_value):
             for i, buffer in enumerate(buffers):
                 buffers[i] = buffer.index_select(0, index)
-        self.source_mask = self.source_mask.index_select(0, index)
+        if self.source_mask is not None:
+            self.source_mask = self.source_mask.index_select(0, index)
+        self.rows = rows
 
 
 class DecoderLayer(nn.Module):
@@ -322,17 +362,27 @@ class DecoderLayer(nn.Module):
         return x, cross_weights
 
     def step(self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far."""
+        """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far.
+
+        The same operations as `forward` (inference: no dropout), called directly rather than
+        through module calls: at one position per row the per-call overhead is a large share.
+        """
         query, key, value = self.self_attn.project_query_key_value(x)  # (N, h, 1, d_k) each
         self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
-        attended, _ = self.self_attn.attend(query, self_key, self_value, None)
-        x = self.self_attn_layer_norm(x + attended)
-        attended, cross_weights = self.encoder_attn(
-            x, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
+        attended, _ = self.self_attn.attend_one(query, self_key, self_value, None, False)
+        x = _layer_norm(self.self_attn_layer_norm, x + attended)
+        cross = self.encoder_attn
+        query = linear(x, cross.q_proj.weight, cross.q_proj.bias, cross.q_proj.packed)  # (N, 1, d_model)
+        attended, cross_weights = cross.attend_one(
+            query, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
         )
-        x = self.encoder_attn_layer_norm(x + attended)
-        x = self.final_layer_norm(x + self.feed_forward(x))
+        x = _layer_norm(self.encoder_attn_layer_norm, x + attended)
+        x = _layer_norm(self.final_layer_norm, x + self.feed_forward(x))
         return x, cross_weights  # (N, 1, d_model), (N, h, 1, S) or None
+
+
+def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 @dataclass
@@ -478,9 +528,8 @@ class Transformer(nn.Module):
             key, value = layer.encoder_attn.project_key_value(encoder.hidden)
             cross_key.append(key.contiguous())  # (B, h, S, d_k) laid out for the per-step matmuls, copied once
             cross_value.append(value.contiguous())
-        return DecoderCache(
-            self_key, self_value, cross_key, cross_value, encoder.mask[:, None, None, :], 0, capacity
-        )
+        mask = additive_mask(encoder.mask[:, None, None, :], encoder.hidden.dtype)  # None when nothing is padded
+        return DecoderCache(self_key, self_value, cross_key, cross_value, mask, batch, 0, capacity)
 
     def decode_step(
         self, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
