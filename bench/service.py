@@ -413,8 +413,13 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
     def load(name: str, target: str, requests: int, concurrency: int, texts: int) -> dict[str, Any]:
         body_for = translate_bodies(sentences, texts, **options)
         asyncio.run(run_load(target, body_for, min(concurrency, 8), min(concurrency, 8), name="warm-up"))
+        before = batch_counts(url) if target.startswith(url) else None
         result = asyncio.run(run_load(target, body_for, requests, concurrency, name=name, deadline_s=args.deadline_s))
         row = result.summary()
+        if before is not None:
+            after = batch_counts(url)
+            batches = after[1] - before[1]
+            row["mean_batch_size"] = round((after[0] - before[0]) / batches, 2) if batches else None
         logger.info("%s", row)
         rows.append(row)
         return row
@@ -450,9 +455,20 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
     }
 
 
+def batch_counts(url: str, model: str = "en-zh") -> tuple[float, float]:
+    """(texts decoded, batches) of `model` so far, from the service's translation_batch_size histogram."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"translation_batch_size_{part}{{") and f'model="{model}"' in line:
+                found[part] = found.get(part, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found.get("sum", 0.0), found.get("count", 0.0)
+
+
 def print_table(report: dict[str, Any]) -> None:
     header = f"{'scenario':<18} {'requests':>8} {'conc':>5} {'req/s':>8} {'texts/s':>8} {'tok/s':>8} "
-    header += f"{'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  errors"
+    header += f"{'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'batch':>6}  errors"
     print(header)
     for row in report["rows"]:
         if row["name"].startswith("engine"):
@@ -465,7 +481,7 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             f"{row['name']:<18} {row['requests']:>8} {row['concurrency']:>5} {row['requests_per_s']:>8} "
             f"{row['texts_per_s']:>8} {row['tokens_per_s']:>8} {_cell(row['p50_ms'])} {_cell(row['p95_ms'])} "
-            f"{_cell(row['p99_ms'])}  {errors or 'none'}"
+            f"{_cell(row['p99_ms'])} {row.get('mean_batch_size') or '-':>6}  {errors or 'none'}"
         )
     for name, check in report["checks"].items():
         figure = f"lost {check['lost']}" if "lost" in check else f"{check['ratio']:.2f} (target >= {check['target']})"

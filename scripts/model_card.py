@@ -1,6 +1,10 @@
-"""Write model/pretrained/<name>/README.md (the model card) from a training run's summary.json.
+"""Write model/pretrained/<name>/README.md (the model card) from training runs' summary.json.
 
-python scripts/model_card.py --work runs/en-zh --model model/pretrained/en-zh --source en --target zh
+python scripts/model_card.py --work runs/en-zh --command "python -m model.train ..." \
+    --model model/pretrained/en-zh --source en --target zh --eval-command "..." --dev-scores runs/en-zh-dev.json
+
+A model trained in stages (a run continued with --init-from) gives one --work and one --command per
+stage, in order; the card lists each stage and the last stage's selection.
 """
 
 from __future__ import annotations
@@ -24,17 +28,20 @@ LANGUAGES = {"en": "English", "zh": "Chinese (Mandarin, mostly simplified)"}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", required=True)
+    parser.add_argument("--work", required=True, action="append", help="a training run's --work (once per stage)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", required=True)
-    parser.add_argument("--command", required=True, help="the exact training command")
+    parser.add_argument("--command", required=True, action="append", help="the exact training command (per stage)")
     parser.add_argument("--eval-command", required=True, help="the exact command that measured the dev scores")
     parser.add_argument("--dev-scores", required=True, help="JSON file written by the evaluation command")
     args = parser.parse_args()
 
-    work, model = Path(args.work), Path(args.model)
-    summary = json.loads((work / "summary.json").read_text())
+    if len(args.work) != len(args.command):
+        parser.error("give one --command per --work")
+    model = Path(args.model)
+    stages = [json.loads((Path(work) / "summary.json").read_text()) for work in args.work]
+    summary = stages[-1]
     config = json.loads((model / "config.json").read_text())
     scores = json.loads(Path(args.dev_scores).read_text())
     size = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.name != "README.md")
@@ -42,10 +49,8 @@ def main() -> None:
         parameters = f"{sum(_count(weights.get_slice(name).get_shape()) for name in weights.keys()):,}"
     name = model.name
     tokenize = "zh" if args.target == "zh" else "13a"
-    history = "\n".join(
-        f"| {r['epoch']} | {r['step']} | {r['train_loss']} | {r.get('bleu', '')} | {r.get('chrf', '')} "
-        f"| {r['minutes']} |"
-        for r in summary["history"]
+    training = "\n\n".join(
+        _stage(index + 1, len(stages), command, stage) for index, (command, stage) in enumerate(zip(args.command, stages))
     )
     card = f"""# {name}: {LANGUAGES[args.source]} → {LANGUAGES[args.target]}
 
@@ -69,16 +74,10 @@ output projection. {parameters or ""} parameters; {size / 1e6:.1f} MB on disk (f
 to the requested dtype).
 
 ## Training
-```bash
-{args.command}
-```
-{summary["epochs"]} epochs ({summary["steps"]} updates, {summary["minutes"]} minutes on 2 CPU cores shared with other
-work, bf16 autocast). Checkpoint selection: `{summary["chosen"]}` among the best epoch, the average of the last
-epochs and the last weights (greedy BLEU on dev: {json.dumps(summary["candidates"])}).
+{training}
 
-| epoch | updates | train loss (label-smoothed) | dev BLEU (greedy, first 300 sources) | chrF | minutes |
-|---|---|---|---|---|---|
-{history}
+Checkpoint selection: `{summary["chosen"]}` among the best epoch, the average of the last epochs and the last
+weights (greedy BLEU on dev: {json.dumps(summary["candidates"])}).
 
 ## Quality on dev
 Multi-reference where a dev source has several translations; sacrebleu BLEU with tokenize="{tokenize}", chrF.
@@ -100,6 +99,24 @@ beyond one sentence. It is a demonstration-sized model for explaining attention,
 translator; serve an OPUS-MT model (see the top-level README) for real traffic.
 """
     (model / "README.md").write_text(card, encoding="utf-8")
+
+
+def _stage(number: int, count: int, command: str, summary: dict) -> str:
+    history = "\n".join(
+        f"| {r['epoch']} | {r['step']} | {r['train_loss']} | {r.get('bleu', '')} | {r.get('chrf', '')} "
+        f"| {r['minutes']} |"
+        for r in summary["history"]
+    )
+    title = f"### Stage {number} of {count}\n" if count > 1 else ""
+    return f"""{title}```bash
+{command}
+```
+{summary["epochs"]} epochs ({summary["steps"]} updates, {summary["minutes"]} minutes on 2 CPU cores shared with other
+work, bf16 autocast).
+
+| epoch | updates | train loss (label-smoothed) | dev BLEU (greedy, first 300 sources) | chrF | minutes |
+|---|---|---|---|---|---|
+{history}"""
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The translator deployment: one per model, batching concurrent texts into shared decodes.
 
-Each text of each request becomes one item of a @serve.batch queue, so a request with many
-texts is spread over batches and concurrent requests share them. Items with different
-decoding options (beam size, n-best, length budget) arrive in the same batch and are
-grouped; each group is one call to the engine, run in a worker thread so the replica keeps
-accepting requests while it decodes.
+Each text of each request becomes one item of a batch queue (service/batching.py), so a
+request with many texts is spread over batches and concurrent requests share them. A batch
+holds texts with equal decoding options (beam size, n-best, length budget) and is one call
+to the engine, run in a worker thread so the replica keeps accepting requests while it
+decodes; the next batch is formed when that call returns, from everything that arrived.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from ray import serve
 from model import InputTooLongError, Translator, TranslatorError
 from model.explain import attention_steps, forced_decode
 from model.translator import token_alignment
+from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.metrics import replica_identity, service_metrics
@@ -64,7 +64,6 @@ class BatchItem:
     text: str
     options: DecodeOptions
     attention: str  # "none" | "summary" | "full": only changes what is returned
-    enqueued_at: float
 
 
 def _torch_dtype(name: str):
@@ -89,8 +88,7 @@ class TranslatorDeployment:
         self.metrics = service_metrics(metrics_dir)
         self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=_torch_dtype(self.spec.dtype))
         self.secret = explanation_secret(explanation_secret_env)
-        self.translate_batch.set_max_batch_size(max_batch_size)
-        self.translate_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.batches: BatchQueue[BatchItem] = BatchQueue(self._decode_batch, max_batch_size, batch_wait_timeout_s)
         config = self.translator.config
         deployment, replica = replica_identity()
         self.replica = replica
@@ -136,12 +134,12 @@ class TranslatorDeployment:
         self._check_length_budget(decode_options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
-        now = time.monotonic()
         outcomes = await asyncio.gather(
-            *(self.translate_batch(BatchItem(text, decode_options, attention, now)) for text in texts)
+            *(self.batches.submit(BatchItem(text, decode_options, attention), decode_options) for text in texts),
+            return_exceptions=True,
         )
         for outcome in outcomes:
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, BaseException):
                 raise outcome
         return outcomes
 
@@ -150,32 +148,23 @@ class TranslatorDeployment:
         if options.max_length is not None and options.max_length > limit:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
-    async def translate_batch(self, items: list[BatchItem]) -> list[dict | Exception]:
+    async def _decode_batch(self, items: list[BatchItem], queue_waits: list[float]) -> list[dict]:
+        """One engine call for a batch of texts with equal options (see BatchQueue)."""
         started = time.monotonic()
         model = self.spec.id
         self.metrics.batch_size.labels(model).observe(len(items))
-        for item in items:
-            self.metrics.queue_wait.labels(model).observe(started - item.enqueued_at)
-        groups: dict[DecodeOptions, list[int]] = defaultdict(list)
-        for index, item in enumerate(items):
-            groups[item.options].append(index)
-        outcomes: list[dict | Exception] = [None] * len(items)  # type: ignore[list-item]
-        for options, indices in groups.items():
-            try:
-                translations = await asyncio.to_thread(
-                    self.translator.translate,
-                    [items[i].text for i in indices],
-                    beam_size=options.beam_size,
-                    max_new_tokens=options.max_length,
-                    num_return_sequences=options.n_best,
-                    return_attention=any(items[i].attention != "none" for i in indices),
-                )
-                for index, translation in zip(indices, translations):
-                    outcomes[index] = self._translation_json(translation, items[index].attention)
-            except Exception as error:  # one group's failure must not fail the others
-                for index in indices:
-                    outcomes[index] = error
+        for wait in queue_waits:
+            self.metrics.queue_wait.labels(model).observe(wait)
+        options = items[0].options
+        translations = await asyncio.to_thread(
+            self.translator.translate,
+            [item.text for item in items],
+            beam_size=options.beam_size,
+            max_new_tokens=options.max_length,
+            num_return_sequences=options.n_best,
+            return_attention=any(item.attention != "none" for item in items),
+        )
+        outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
         self.metrics.batch_duration.labels(model).observe(time.monotonic() - started)
         return outcomes
 
