@@ -58,9 +58,6 @@ class BatchQueue(Generic[Item]):
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     async def submit(self, item: Item, group: Hashable = None) -> Any:
         loop = asyncio.get_running_loop()
         if self._arrived is None:
