@@ -26,6 +26,7 @@ import contextlib
 import copy
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -44,8 +45,8 @@ if str(REPOSITORY) not in sys.path:
 from bench.service import (  # noqa: E402
     DEFAULT_DATA,
     RESULTS,
-    exit_on_sigterm,
     bench_config,
+    exit_on_sigterm,
     free_port,
     read_sentences,
     run_load,
@@ -76,6 +77,10 @@ def cluster_environment() -> dict[str, str]:
     return environment
 
 
+# Where `ray start` records the running cluster's address (Ray's default temp dir on Linux).
+CURRENT_CLUSTER_FILE = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+
+
 class Cluster:
     """A single-node Ray cluster started by `ray start --head --block` in its own session."""
 
@@ -83,13 +88,15 @@ class Cluster:
         self.workdir = workdir
         self.num_cpus = num_cpus
         self.dashboard = f"http://127.0.0.1:{free_port()}"
+        self.port = 0
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> Cluster:
         ray = Path(sys.executable).with_name("ray")
+        self.port = free_port()
         command = [
             str(ray) if ray.exists() else "ray", "start", "--head", "--block", "--disable-usage-stats",
-            f"--port={free_port()}", f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
+            f"--port={self.port}", f"--num-cpus={self.num_cpus}", "--include-dashboard=true",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
             f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
         ]
@@ -112,6 +119,11 @@ class Cluster:
     def __exit__(self, *exc_info: object) -> None:
         if self.process is not None:
             stop_process_group(self.process, grace_s=20)
+        # `ray start` records its address here and `ray stop` would remove it; a later `serve run` or
+        # ray.init() on this machine would otherwise try to join the dead cluster and wait forever.
+        with contextlib.suppress(OSError):
+            if CURRENT_CLUSTER_FILE.read_text().strip().endswith(f":{self.port}"):
+                CURRENT_CLUSTER_FILE.unlink()
 
     def deploy(self, config: dict, name: str) -> None:
         path = self.workdir / f"{name}.yaml"

@@ -50,7 +50,8 @@ def main() -> None:
     name = model.name
     tokenize = "zh" if args.target == "zh" else "13a"
     training = "\n\n".join(
-        _stage(index + 1, len(stages), command, stage) for index, (command, stage) in enumerate(zip(args.command, stages))
+        _stage(number, len(stages), command, stage)
+        for number, (command, stage) in enumerate(zip(args.command, stages, strict=True), start=1)
     )
     card = f"""# {name}: {LANGUAGES[args.source]} → {LANGUAGES[args.target]}
 
