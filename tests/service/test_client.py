@@ -16,6 +16,8 @@ def test_the_sync_client_translates_and_fetches_the_explanation(service_url):
         assert explanation["target_tokens"] == result["translations"][0]["target_tokens"]
         steps = client.explain("I like tea.", source_lang="en", target_lang="zh", layer=0, head=1)["steps"]
         assert steps["layer"] == 0 and steps["head"] == 1
+        by_id = client.explain(explanation_id=explanation["explanation_id"], layer=1, head=2)
+        assert by_id["target_tokens"] == explanation["target_tokens"] and by_id["steps"]["head"] == 2
         assert {m["id"] for m in client.models()["models"]} == {"en-zh", "zh-en"}
         assert client.ready()
 
