@@ -51,22 +51,23 @@ def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
 def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_k) V, returning the weights too.
 
-    query (B, h, T, d_k), key and value (B, h, S, d_k); mask broadcastable to (B, h, T, S):
-    bool, True where attending is allowed, or an additive float mask (0 where allowed, the
-    dtype's lowest value where not; see `additive_mask`), which gives the same weights.
+    query (B, h, T, d_k), key and value (B, h, S, d_k); mask broadcastable to (B, h, T, S),
+    True where attending is allowed.
     """
     d_k = query.size(-1)
     scores = torch.matmul(query, key.transpose(-2, -1)) * (d_k**-0.5)  # (B, h, T, S)
-    if mask is not None and mask.dtype == torch.bool:
+    if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    elif mask is not None:
-        scores = scores + mask  # + 0 leaves an allowed score exactly as it was
     weights = scores.softmax(dim=-1)  # (B, h, T, S)
     return torch.matmul(weights, value), weights  # (B, h, T, d_k), (B, h, T, S)
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked."""
+    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked.
+
+    Adding 0 leaves an allowed score exactly as it was and the dtype's lowest value gives a
+    masked position weight 0, so the weights equal `attention`'s masked_fill.
+    """
     if bool(mask.all()):
         return None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
@@ -287,15 +288,15 @@ class DecoderCache:
     cross_key: list[Tensor]
     cross_value: list[Tensor]
     source_mask: Tensor | None  # (rows, 1, 1, S) additive float mask over padding; None without padding
-    rows: int
     length: int = 0
     capacity: int = 0
     spare_key: list[Tensor] = field(default_factory=list)
     spare_value: list[Tensor] = field(default_factory=list)
 
     @property
-    def batch_size(self) -> int:
-        return self.rows
+    def rows(self) -> int:
+        """Rows the cross-attention K/V (and so the cache) hold now."""
+        return self.cross_key[0].size(0)
 
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step's K/V (rows, h, 1, d_k) of `layer` at position `length`; return K/V so far."""
@@ -322,7 +323,6 @@ class DecoderCache:
                 buffers[i] = buffer.index_select(0, index)
         if self.source_mask is not None:
             self.source_mask = self.source_mask.index_select(0, index)
-        self.rows = rows
 
 
 class DecoderLayer(nn.Module):
@@ -529,7 +529,7 @@ class Transformer(nn.Module):
             cross_key.append(key.contiguous())  # (B, h, S, d_k) laid out for the per-step matmuls, copied once
             cross_value.append(value.contiguous())
         mask = additive_mask(encoder.mask[:, None, None, :], encoder.hidden.dtype)  # None when nothing is padded
-        return DecoderCache(self_key, self_value, cross_key, cross_value, mask, batch, 0, capacity)
+        return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
 
     def decode_step(
         self, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
