@@ -75,11 +75,7 @@ class BatchQueue(Generic[Item]):
             self._arrived.set()
 
     def _take(self) -> list[_Entry[Item]]:
-        """The oldest live entry and up to max_batch_size - 1 more of its group, in arrival order."""
-        while self._entries and self._entries[0].future.done():  # cancelled while queued
-            self._entries.popleft()
-        if not self._entries:
-            return []
+        """The oldest entry (live: see _work) and up to max_batch_size - 1 more of its group, in arrival order."""
         group = self._entries[0].group
         batch, rest = [], deque()
         while self._entries:
@@ -119,9 +115,7 @@ class BatchQueue(Generic[Item]):
                     break
             if oldest.future.done():
                 continue  # its caller gave up: the wait restarts from the next oldest item
-            batch = self._take()
-            if batch:
-                await self._run(batch)
+            await self._run(self._take())
 
     async def _run(self, batch: list[_Entry[Item]]) -> None:
         started = time.monotonic()

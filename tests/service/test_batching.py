@@ -28,13 +28,19 @@ def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 10))
 
 
+async def busy_queue(handler: Recorder, first, group=None) -> tuple[BatchQueue, asyncio.Task]:
+    """A queue (batches of up to 16, no wait) whose engine is busy with `first` until handler.release is set."""
+    queue = BatchQueue(handler, max_batch_size=16, wait_s=0.0)
+    handler.release.clear()
+    task = asyncio.create_task(queue.submit(first, group=group))
+    await handler.started.wait()
+    return queue, task
+
+
 def test_the_next_batch_takes_everything_that_arrived_while_the_engine_was_busy():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=16, wait_s=0.0)
-        handler.release.clear()
-        first = asyncio.create_task(queue.submit(0))
-        await handler.started.wait()
+        queue, first = await busy_queue(handler, 0)
         rest = [asyncio.create_task(queue.submit(i)) for i in range(1, 21)]
         await asyncio.sleep(0.05)  # the engine is busy: nothing new may start
         assert len(handler.batches) == 1
@@ -61,10 +67,7 @@ def test_items_submitted_together_share_one_batch_within_the_wait():
 def test_a_batch_holds_one_group_and_the_oldest_item_goes_first():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=16, wait_s=0.0)
-        handler.release.clear()
-        blocker = asyncio.create_task(queue.submit("first", group="beam4"))
-        await handler.started.wait()
+        queue, blocker = await busy_queue(handler, "first", group="beam4")
         tasks = [
             asyncio.create_task(queue.submit(name, group=group))
             for name, group in [("a", "greedy"), ("b", "beam4"), ("c", "greedy"), ("d", "beam4")]
@@ -109,10 +112,7 @@ def test_a_failing_handler_fails_its_batch_and_the_queue_keeps_serving():
 def test_an_item_cancelled_while_queued_never_reaches_the_engine():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=16, wait_s=0.0)
-        handler.release.clear()
-        blocker = asyncio.create_task(queue.submit("first"))
-        await handler.started.wait()
+        queue, blocker = await busy_queue(handler, "first")
         gone = asyncio.create_task(queue.submit("gone"))
         kept = asyncio.create_task(queue.submit("kept"))
         await asyncio.sleep(0.01)
