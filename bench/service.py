@@ -410,10 +410,10 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
             rows.append(engines[batch_size])
             logger.info("%s", engines[batch_size])
 
-    def load(name: str, target: str, requests: int, concurrency: int, texts: int) -> dict[str, Any]:
+    def load(name: str, target: str, requests: int, concurrency: int, texts: int, service: bool = True) -> dict:
         body_for = translate_bodies(sentences, texts, **options)
         asyncio.run(run_load(target, body_for, min(concurrency, 8), min(concurrency, 8), name="warm-up"))
-        before = batch_counts(url) if target.startswith(url) else None
+        before = batch_counts(url) if service else None
         result = asyncio.run(run_load(target, body_for, requests, concurrency, name=name, deadline_s=args.deadline_s))
         row = result.summary()
         if before is not None:
@@ -424,7 +424,9 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
         rows.append(row)
         return row
 
-    noop = load("noop 1 text", f"{noop_url}/v1/translate", plan.requests, plan.concurrency, 1) if noop_url else None
+    noop = None
+    if noop_url:
+        noop = load("noop 1 text", f"{noop_url}/v1/translate", plan.requests, plan.concurrency, 1, service=False)
     single = load("service 1 text", f"{url}/v1/translate", plan.requests, plan.concurrency, 1)
     k = args.texts_per_request
     batched = load(f"service {k} texts", f"{url}/v1/translate", plan.batch_requests, plan.concurrency, k)

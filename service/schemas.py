@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.explanations import MAX_ID_CHARS
+
 MAX_TEXTS = 64
 MAX_TEXT_CHARS = 2000
 MAX_BEAM_SIZE = 8
@@ -110,7 +112,7 @@ class ExplainRequest(ModelChoice):
 
     explanation_id: str | None = Field(
         None,
-        max_length=8192,
+        max_length=MAX_ID_CHARS,
         description="An explanation_id from /v1/translate: explain exactly those tokens. Excludes source, "
         "target and the model choice.",
     )
