@@ -240,12 +240,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_config(port: int, model_paths: dict[str, str] | None) -> dict:
+def bench_config(port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None) -> dict:
     """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus the no-op app at /noop."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
     application = config["applications"][0]
+    if coalesce_max_calls is not None:
+        application["args"]["coalesce_max_calls"] = coalesce_max_calls
     for spec in application["args"]["models"]:
         if model_paths and spec["id"] in model_paths:
             spec["path"] = model_paths[spec["id"]]
@@ -294,6 +296,29 @@ def session_pids(session_id: int) -> list[int]:
     return pids
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+ROLES = (  # command-line prefix → role, first match wins
+    ("ray::ProxyActor", "proxy"),
+    ("ray::ServeReplica:translate:Ingress", "ingress"),
+    ("ray::ServeReplica:translate:translator-", "translators"),
+    (f"ray::ServeReplica:{NOOP_PREFIX.strip('/')}:", "noop app"),
+)
+
+
+def cpu_seconds(session_id: int | None) -> Counter:
+    """CPU seconds (user + system) so far of this process ("load generator") and, by role, of a serve session."""
+    times = os.times()
+    seconds: Counter = Counter({"load generator": times.user + times.system})
+    for pid in session_pids(session_id) if session_id else []:
+        with contextlib.suppress(OSError, ValueError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = stat[stat.rindex(")") + 2 :].split()
+            role = next((role for prefix, role in ROLES if command.startswith(prefix)), "ray other")
+            seconds[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return seconds
+
+
 def exit_on_sigterm() -> None:
     """Turn SIGTERM (timeout, kill, a CI runner) into SystemExit so `with` blocks stop what they started."""
 
@@ -317,8 +342,11 @@ def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None
 
 
 @contextlib.contextmanager
-def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0) -> Iterator[str]:
-    """`serve run` of config in its own process group; yields the base URL once both apps are ready."""
+def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0, started: list | None = None) -> Iterator[str]:
+    """`serve run` of config in its own process group; yields the base URL once both apps are ready.
+
+    `started`, if given, receives the serve process's pid: the id of the OS session Ray's processes run in.
+    """
     config_path = workdir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     log_path = workdir / "serve.log"
@@ -326,9 +354,15 @@ def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0) -> Iter
     command = [str(serve) if serve.exists() else "serve", "run", str(config_path)]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            command, cwd=REPOSITORY, env=serve_environment(), stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=REPOSITORY,
+            env=serve_environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    if started is not None:
+        started.append(process.pid)
     url = f"http://127.0.0.1:{config['http_options']['port']}"
     try:
         prefixes = [app["route_prefix"].rstrip("/") for app in config["applications"]]
@@ -394,7 +428,9 @@ def plan_for(args: argparse.Namespace) -> Plan:
     return plan
 
 
-def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, config: dict) -> dict[str, Any]:
+def run_benchmark(
+    args: argparse.Namespace, url: str, noop_url: str | None, config: dict, session: int | None = None
+) -> dict[str, Any]:
     plan = plan_for(args)
     sentences = read_sentences(args.data, plan.sentences)
     options = {"beam_size": args.beam_size}
@@ -414,8 +450,14 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
         body_for = translate_bodies(sentences, texts, **options)
         asyncio.run(run_load(target, body_for, min(concurrency, 8), min(concurrency, 8), name="warm-up"))
         before = batch_counts(url) if service else None
+        cpu_before = cpu_seconds(session)
         result = asyncio.run(run_load(target, body_for, requests, concurrency, name=name, deadline_s=args.deadline_s))
+        cpu_used = cpu_seconds(session) - cpu_before
         row = result.summary()
+        if result.answered:  # where the CPU went, per answered request (machine-wide view: every process of the run)
+            row["cpu_ms_per_request"] = {
+                role: round(1000 * used / result.answered, 2) for role, used in sorted(cpu_used.items()) if used > 0
+            }
         if before is not None:
             after = batch_counts(url)
             batches = after[1] - before[1]
@@ -452,6 +494,7 @@ def run_benchmark(args: argparse.Namespace, url: str, noop_url: str | None, conf
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
         "model": model_path(config),
         "beam_size": args.beam_size,
+        "coalesce_max_calls": config["applications"][0]["args"].get("coalesce_max_calls"),
         "rows": rows,
         "checks": checks,
     }
@@ -485,6 +528,17 @@ def print_table(report: dict[str, Any]) -> None:
             f"{row['texts_per_s']:>8} {row['tokens_per_s']:>8} {_cell(row['p50_ms'])} {_cell(row['p95_ms'])} "
             f"{_cell(row['p99_ms'])} {row.get('mean_batch_size') or '-':>6}  {errors or 'none'}"
         )
+    cpu_rows = [row for row in report["rows"] if row.get("cpu_ms_per_request")]
+    if cpu_rows:
+        roles = sorted({role for row in cpu_rows for role in row["cpu_ms_per_request"]})
+        print(f"\nCPU ms per answered request (all processes of the run; {os.cpu_count()} cores)")
+        print(f"{'scenario':<18} " + " ".join(f"{role:>15}" for role in roles) + f" {'total':>8}")
+        for row in cpu_rows:
+            cells = [row["cpu_ms_per_request"].get(role) for role in roles]
+            total = round(sum(c for c in cells if c), 1)
+            shown = " ".join(f"{c if c is not None else '-':>15}" for c in cells)
+            print(f"{row['name']:<18} {shown} {total:>8}")
+        print()
     for name, check in report["checks"].items():
         figure = f"lost {check['lost']}" if "lost" in check else f"{check['ratio']:.2f} (target >= {check['target']})"
         print(f"{name}: {figure} {'met' if check['met'] else 'NOT MET'}")
@@ -510,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine-threads", type=int, help="torch threads of the engine rows (default: translator num_cpus)"
     )
+    parser.add_argument(
+        "--coalesce-max-calls", type=int, help="override the app's coalesce_max_calls (0: no coalescing at the ingress)"
+    )
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="stop issuing a row's requests after this")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV whose first column is English")
@@ -525,13 +582,14 @@ def main(argv: list[str] | None = None) -> int:
         model_paths = tiny_models(workdir) if args.quick else {}
         if args.model:
             model_paths["en-zh"] = args.model
-        config = bench_config(free_port(), model_paths)
+        config = bench_config(free_port(), model_paths, args.coalesce_max_calls)
         if args.url:
             report = run_benchmark(args, args.url.rstrip("/"), args.noop_url, config)
         else:
             logger.info("starting serve run (deploy/serve.yaml + bench.noop at %s)", NOOP_PREFIX)
-            with serve_running(copy.deepcopy(config), workdir) as url:
-                report = run_benchmark(args, url, url + NOOP_PREFIX, config)
+            started: list[int] = []
+            with serve_running(copy.deepcopy(config), workdir, started=started) as url:
+                report = run_benchmark(args, url, url + NOOP_PREFIX, config, session=started[0])
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)

@@ -9,6 +9,8 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response
 
+from service.coalescing import Coalescer
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
 from service.deployments import Rejected, TranslatorDeployment
 from service.errors import ApiError, error_response, exception_response, json_response
@@ -44,11 +47,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 INFO_CACHE_S = 10.0
 
 
-async def _awaited(response: DeploymentResponse) -> Any:
-    result = await response
-    if isinstance(result, Rejected):
-        raise result.error  # mapped to its status in service/errors.py like any other error
-    return result
+async def _outcome(work: Any) -> Any:
+    return await work
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
@@ -86,6 +86,16 @@ class Ingress:
         self.secret = explanation_secret(self.config.explanation_secret_env)
         self.specs: dict[str, ModelSpec] = {spec.id: spec for spec in self.config.models}
         self.translators = translators
+        # One coalescer per model: concurrent translate requests share translator calls (service/coalescing.py).
+        self.coalescers = {
+            model: Coalescer(
+                partial(self._send_translations, model),
+                size=lambda request: len(request[0]),
+                max_calls=self.config.coalesce_max_calls,
+                max_items=self.config.max_batch_size,
+            )
+            for model in translators
+        }
         self.in_flight = 0
         self._info: list[dict] | None = None
         self._info_at = 0.0
@@ -115,10 +125,9 @@ class Ingress:
             404, "model_not_found", f"no model translates {source_lang}→{target_lang}; available: {available}"
         )
 
-    async def call(self, response: DeploymentResponse) -> Any:
-        """Await a translator call within the in-flight limit and the request timeout."""
+    async def call(self, start: Callable[[], Any]) -> Any:
+        """Run start() (a translator call, or a coalesced request) within the in-flight limit and the timeout."""
         if self.in_flight >= self.config.max_in_flight_requests:
-            response.cancel()
             raise ApiError(
                 503,
                 "overloaded",
@@ -126,20 +135,29 @@ class Ingress:
                 {"Retry-After": str(self.config.retry_after_s)},
             )
         self.in_flight += 1
+        work = start()
         try:
-            return await asyncio.wait_for(_awaited(response), self.config.request_timeout_s)
+            result = await asyncio.wait_for(_outcome(work), self.config.request_timeout_s)
         except asyncio.TimeoutError:
-            response.cancel()
+            if isinstance(work, DeploymentResponse):
+                work.cancel()  # a coalesced request is given up by cancelling its wait (service/coalescing.py)
             raise ApiError(
                 504, "timeout", f"the model did not answer within {self.config.request_timeout_s:g} s"
             ) from None
         finally:
             self.in_flight -= 1
+        if isinstance(result, Rejected):
+            raise result.error  # mapped to its status in service/errors.py like any other error
+        return result
+
+    def _send_translations(self, model: str, requests: list) -> DeploymentResponse:
+        self.metrics.call_requests.labels(model).observe(len(requests))
+        return self.translators[model].translate.remote(requests)
 
     async def model_infos(self) -> list[dict]:
         if self._info is None or time.monotonic() - self._info_at > INFO_CACHE_S:
-            calls = [self.translators[model].info.remote() for model in self.specs]
-            self._info = list(await asyncio.gather(*(self.call(c) for c in calls)))
+            handles = [self.translators[model] for model in self.specs]
+            self._info = list(await asyncio.gather(*(self.call(h.info.remote) for h in handles)))
             self._info_at = time.monotonic()
         return self._info
 
@@ -155,7 +173,7 @@ class Ingress:
     async def translate(self, body: TranslateRequest) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         options = {"beam_size": body.beam_size, "n_best": body.n_best, "max_length": body.max_length}
-        translations = await self.call(self.translators[model].translate.remote(body.texts, options, body.attention))
+        translations = await self.call(partial(self.coalescers[model].submit, (body.texts, options, body.attention)))
         return json_response({"model": model, "translations": translations})
 
     @api.get(
@@ -168,7 +186,7 @@ class Ingress:
         key = self.explanation_key(explanation_id)
         handle = self.translators[key.model_id]
         return json_response(
-            await self.call(handle.explanation.remote(key.weights_digest, key.source_ids, key.target_ids))
+            await self.call(partial(handle.explanation.remote, key.weights_digest, key.source_ids, key.target_ids))
         )
 
     @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
@@ -176,12 +194,11 @@ class Ingress:
         view = (body.kind, body.layer, body.head, body.position)
         if body.explanation_id is not None:
             key = self.explanation_key(body.explanation_id)
-            call = self.translators[key.model_id].explain_ids.remote(
-                key.weights_digest, key.source_ids, key.target_ids, *view
-            )
+            handle = self.translators[key.model_id]
+            call = partial(handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, *view)
         else:
-            model = self.pick_model(body.model, body.source_lang, body.target_lang)
-            call = self.translators[model].explain.remote(body.source, body.target, *view, body.beam_size)
+            handle = self.translators[self.pick_model(body.model, body.source_lang, body.target_lang)]
+            call = partial(handle.explain.remote, body.source, body.target, *view, body.beam_size)
         return json_response(await self.call(call))
 
     @api.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, summary="Served models")

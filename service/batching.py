@@ -119,21 +119,33 @@ class BatchQueue(Generic[Item]):
 
     async def _run(self, batch: list[_Entry[Item]]) -> None:
         started = time.monotonic()
-        try:
-            results = await self.handler([e.item for e in batch], [started - e.enqueued_at for e in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"batch handler returned {len(results)} results for {len(batch)} items")
-        except asyncio.CancelledError:  # the replica is shutting down
-            for entry in batch:
-                entry.future.cancel()
-            raise
-        except Exception as error:  # every caller learns of it; the worker lives on
-            logger.exception("batch of %d failed", len(batch))
-            results = [error] * len(batch)
-        for entry, result in zip(batch, results):
-            if entry.future.done():
-                continue
-            if isinstance(result, BaseException):
-                entry.future.set_exception(result)
-            else:
-                entry.future.set_result(result)
+        waits = [started - e.enqueued_at for e in batch]
+        outcomes = self.handler([e.item for e in batch], waits)
+        await deliver([e.future for e in batch], outcomes, f"batch of {len(batch)}", log_failure=True)
+
+
+async def deliver(futures: list[asyncio.Future], outcomes: Awaitable[list[Any]], what: str, log_failure: bool) -> None:
+    """Await one outcome per future and resolve each future still waiting with its own.
+
+    An outcome that is an exception is raised to that future's awaiter only. If `outcomes` itself
+    fails, every future gets the exception; if it is cancelled (shutdown), every future is cancelled.
+    """
+    try:
+        results = await outcomes
+        if len(results) != len(futures):
+            raise RuntimeError(f"{what} returned {len(results)} results for {len(futures)} items")
+    except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
+        raise
+    except Exception as error:  # every awaiter learns of it; the caller lives on
+        if log_failure:
+            logger.exception("%s failed", what)
+        results = [error] * len(futures)
+    for future, result in zip(futures, results, strict=True):
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

@@ -97,7 +97,11 @@ class _Client:
         return self.request("GET", f"/v1/explanations/{explanation_id}")
 
     def explain(
-        self, source: str | None = None, target: str | None = None, *, explanation_id: str | None = None,
+        self,
+        source: str | None = None,
+        target: str | None = None,
+        *,
+        explanation_id: str | None = None,
         **options: Any,
     ) -> Any:
         """POST /v1/explain of an explanation_id, or of a source (and target); options: source_lang, target_lang,

@@ -46,8 +46,15 @@ class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelSpec] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MODELS], min_length=1)
-    max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (@serve.batch).")
+    max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (service/batching.py).")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="How long a batch waits to fill.")
+    coalesce_max_calls: int = Field(
+        2,
+        ge=0,
+        le=1024,
+        description="Translate calls one ingress replica keeps out per model; requests arriving meanwhile leave "
+        "together in the next call (service/coalescing.py). 0: every request is its own call.",
+    )
     request_timeout_s: float = Field(30.0, gt=0, le=600, description="A model call slower than this answers 504.")
     max_in_flight_requests: int = Field(
         128, ge=0, description="Model calls one ingress replica runs at once; more answer 503 with Retry-After."

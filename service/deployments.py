@@ -38,6 +38,8 @@ class Rejected:
 
     The ingress re-raises `error` and maps it like any other; returning it keeps Ray from
     logging a traceback per invalid request and from wrapping the error in RayTaskError.
+    In a coalesced translate call an unexpected failure of one request is returned this way
+    too (logged here, answered 500), so the other requests of the call still get theirs.
     """
 
     error: Exception
@@ -57,6 +59,9 @@ class DecodeOptions:
     beam_size: int = 4
     n_best: int = 1
     max_length: int | None = None
+
+
+TranslateCall = tuple[list[str], dict[str, Any], str]  # one request: texts, decoding options, attention detail
 
 
 @dataclass
@@ -121,11 +126,22 @@ class TranslatorDeployment:
         return self.info_json
 
     # ---- translate -----------------------------------------------------------------------
-    async def translate(
-        self, texts: list[str], options: dict[str, Any], attention: str = "none"
-    ) -> list[dict] | Rejected:
-        """Translate a request's texts (POST /v1/translate)."""
-        return await _rejecting(self._translate(texts, options, attention))
+    async def translate(self, requests: list[TranslateCall]) -> list[list[dict] | Rejected]:
+        """Translate the requests the ingress coalesced into this call (POST /v1/translate).
+
+        One outcome per request: its translations, or why it was refused. A request's failure
+        never touches the others in the call.
+        """
+        outcomes = await asyncio.gather(
+            *(_rejecting(self._translate(texts, options, attention)) for texts, options, attention in requests),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancellation or shutdown: not one request's fault
+            if isinstance(outcome, Exception):
+                logger.error("translation request failed", exc_info=outcome)
+        return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 
     async def _translate(self, texts: list[str], options: dict[str, Any], attention: str) -> list[dict]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
@@ -248,8 +264,14 @@ class TranslatorDeployment:
         return await asyncio.to_thread(self._explain_json, source_ids, target_ids, kind, layer, head, position)
 
     async def explain_ids(
-        self, weights_digest: str, source_ids: list[int], target_ids: list[int],
-        kind: str, layer: int | None, head: int, position: int,
+        self,
+        weights_digest: str,
+        source_ids: list[int],
+        target_ids: list[int],
+        kind: str,
+        layer: int | None,
+        head: int,
+        position: int,
     ) -> dict | Rejected:
         """POST /v1/explain of an explanation id: exactly the tokens the model decoded."""
 

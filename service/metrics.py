@@ -70,6 +70,12 @@ class ServiceMetrics:
         self.batch_size = Histogram(
             "translation_batch_size", "Texts decoded together in one batch.", ["model"], buckets=BATCH_SIZE_BUCKETS
         )
+        self.call_requests = Histogram(
+            "translation_call_requests",
+            "Translate requests one ingress call to a translator carried (coalesced at the ingress).",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+        )
         self.queue_wait = Histogram(
             "translation_batch_queue_wait_seconds",
             "Time a text waited in the batch queue before its batch started.",

@@ -135,8 +135,11 @@ class ExplainRequest(ModelChoice):
         if self.explanation_id is None and self.source is None:
             raise ValueError("give either explanation_id or source")
         if self.explanation_id is not None:
-            extra = [name for name in ("source", "target", "model", "source_lang", "target_lang")
-                     if getattr(self, name) is not None]
+            extra = [
+                name
+                for name in ("source", "target", "model", "source_lang", "target_lang")
+                if getattr(self, name) is not None
+            ]
             if extra:
                 raise ValueError(f"explanation_id names the model and the tokens; do not also give {', '.join(extra)}")
         return self

@@ -46,6 +46,48 @@ def test_concurrent_requests_share_batches(client, service_url):
     assert single < batches, "the batch-size histogram shows no batch larger than 1"
 
 
+async def post_concurrently(service_url: str, bodies: list[dict]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=service_url, timeout=120) as session:
+        return await asyncio.gather(*(session.post("/v1/translate", json=body) for body in bodies))
+
+
+def test_concurrent_requests_share_ingress_calls_and_each_gets_its_own_answer(client, service_url):
+    """Coalescing at the ingress (service/coalescing.py): shared calls, yet every request is answered alone."""
+    too_long = " ".join(["tomorrow"] * 222)  # beyond the tiny model's positions: 413 for that request only
+    bodies = []
+    for i in range(30):
+        if i % 10 == 3:
+            bodies.append({"texts": ["I like tea.", too_long], "model": "en-zh"})
+        else:
+            texts = [f"We walk to school {i}."] + (["The cat sat."] if i % 3 == 0 else [])
+            bodies.append({"texts": texts, "model": "en-zh", "beam_size": 1 + i % 2, "max_length": 6})
+    alone = {}
+    for index, body in enumerate(bodies):  # the oracle: each request sent on its own
+        if body.get("beam_size"):
+            alone[index] = translate_tokens(client.post("/v1/translate", json=body))
+    before = scrape(client)
+    responses = asyncio.run(post_concurrently(service_url, bodies))
+    after = scrape(client)
+    for index, response in enumerate(responses):
+        if index in alone:
+            assert translate_tokens(response) == alone[index]
+        else:
+            assert response.status_code == 413 and response.json()["error"]["code"] == "input_too_long"
+    calls = total(after, "translation_call_requests_count", model="en-zh") - total(
+        before, "translation_call_requests_count", model="en-zh"
+    )
+    requests = total(after, "translation_call_requests_sum", model="en-zh") - total(
+        before, "translation_call_requests_sum", model="en-zh"
+    )
+    assert requests == len(bodies)
+    assert calls < requests, "every request went to a translator in a call of its own: no coalescing"
+
+
+def translate_tokens(response: httpx.Response) -> list[list[str]]:
+    assert response.status_code == 200, response.text
+    return [translation["target_tokens"] for translation in response.json()["translations"]]
+
+
 def test_requests_with_different_options_still_share_batches(client, service_url):
     before = scrape(client)
     bodies = [

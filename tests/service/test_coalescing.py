@@ -1,0 +1,203 @@
+"""The ingress's request coalescing (service/coalescing.py), driven by a real asyncio loop.
+
+The calls stand in for Ray Serve's DeploymentResponse (awaitable, cancel()); the whole path
+through a real Ray Serve instance is covered by the API tests, which all go through it.
+"""
+
+import asyncio
+
+import pytest
+
+from service.coalescing import Coalescer
+
+
+class Call:
+    """One outgoing call: its requests, answered when the test says so."""
+
+    def __init__(self, requests: list) -> None:
+        self.requests = requests
+        self.future = asyncio.get_running_loop().create_future()
+        self.cancelled = False
+
+    def __await__(self):
+        return self.future.__await__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.future.cancel()
+
+    def answer(self) -> None:
+        """Each request (a list of texts) gets its texts upper-cased; a request ["bad"] gets a ValueError."""
+        self.future.set_result([ValueError("bad") if r == ["bad"] else [t.upper() for t in r] for r in self.requests])
+
+
+class Translator:
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    def send(self, requests: list) -> Call:
+        self.calls.append(Call(list(requests)))
+        return self.calls[-1]
+
+
+def coalescer(translator: Translator, max_calls: int = 2, max_items: int = 16) -> Coalescer:
+    return Coalescer(translator.send, size=len, max_calls=max_calls, max_items=max_items)
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 10))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_under_light_load_a_request_leaves_at_once_on_its_own():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator)
+        first = asyncio.create_task(coalesce.submit(["a"]))
+        second = asyncio.create_task(coalesce.submit(["b", "c"]))
+        await settle()
+        assert [call.requests for call in translator.calls] == [[["a"]], [["b", "c"]]]
+        for call in translator.calls:
+            call.answer()
+        assert await first == ["A"] and await second == ["B", "C"]
+        assert coalesce.outstanding == 0
+
+    run(scenario())
+
+
+def test_requests_arriving_while_the_calls_are_out_leave_together_when_one_returns():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=1)
+        first = asyncio.create_task(coalesce.submit(["a"]))
+        await settle()
+        waiting = [asyncio.create_task(coalesce.submit([text])) for text in "bcde"]
+        await settle()
+        assert len(translator.calls) == 1 and coalesce.waiting == 4
+        translator.calls[0].answer()
+        assert await first == ["A"]
+        await settle()
+        assert [call.requests for call in translator.calls[1:]] == [[["b"], ["c"], ["d"], ["e"]]]  # oldest first
+        translator.calls[1].answer()
+        assert await asyncio.gather(*waiting) == [["B"], ["C"], ["D"], ["E"]]
+
+    run(scenario())
+
+
+def test_a_full_batch_of_waiting_texts_leaves_without_waiting_for_a_call_slot():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=1, max_items=4)
+        tasks = [asyncio.create_task(coalesce.submit([str(i)])) for i in range(10)]
+        await settle()
+        # One call slot: "0" took it; then every 4 waiting texts left as a full call; "9" waits.
+        assert [len(call.requests) for call in translator.calls] == [1, 4, 4]
+        assert coalesce.waiting == 1
+        for call in translator.calls[:3]:
+            call.answer()
+        await settle()
+        translator.calls[3].answer()
+        assert await asyncio.gather(*tasks) == [[str(i)] for i in range(10)]
+
+    run(scenario())
+
+
+def test_a_request_larger_than_a_batch_still_leaves_in_a_call_of_its_own():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=1, max_items=2)
+        blocker = asyncio.create_task(coalesce.submit(["x"]))
+        big = asyncio.create_task(coalesce.submit(["a", "b", "c"]))
+        small = asyncio.create_task(coalesce.submit(["d"]))
+        await settle()
+        assert [call.requests for call in translator.calls] == [[["x"]], [["a", "b", "c"]]]
+        for call in translator.calls:
+            call.answer()
+        await settle()
+        translator.calls[2].answer()
+        assert await asyncio.gather(blocker, big, small) == [["X"], ["A", "B", "C"], ["D"]]
+
+    run(scenario())
+
+
+def test_each_request_gets_its_own_outcome_and_a_failed_call_fails_all_of_its_requests():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=1)
+        first = asyncio.create_task(coalesce.submit(["a"]))
+        await settle()
+        good, bad = asyncio.create_task(coalesce.submit(["b"])), asyncio.create_task(coalesce.submit(["bad"]))
+        await settle()
+        translator.calls[0].answer()
+        await settle()
+        translator.calls[1].answer()
+        assert await first == ["A"] and await good == ["B"]
+        with pytest.raises(ValueError, match="bad"):
+            await bad
+
+        one, two = asyncio.create_task(coalesce.submit(["c"])), asyncio.create_task(coalesce.submit(["d"]))
+        await settle()
+        translator.calls[2].future.set_exception(ConnectionError("replica died"))
+        await settle()
+        # "d" waited behind the failed call and leaves in the next one; "c" learns of the failure.
+        with pytest.raises(ConnectionError, match="replica died"):
+            await one
+        translator.calls[3].answer()
+        assert await two == ["D"]
+        assert coalesce.outstanding == 0
+
+    run(scenario())
+
+
+def test_given_up_requests_are_not_sent_and_a_call_everyone_gave_up_is_cancelled():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=1)
+        first = asyncio.create_task(coalesce.submit(["a"]))
+        await settle()
+        gone = asyncio.create_task(coalesce.submit(["gone"]))
+        kept = asyncio.create_task(coalesce.submit(["kept"]))
+        await settle()
+        gone.cancel()  # e.g. the request timed out at the ingress while it waited
+        await settle()
+        translator.calls[0].answer()
+        await first
+        await settle()
+        assert translator.calls[1].requests == [["kept"]]
+        assert not translator.calls[1].cancelled
+
+        kept.cancel()  # everyone in the sent call gave up: the call is cancelled
+        await settle()
+        assert translator.calls[1].cancelled
+        assert coalesce.outstanding == 0
+        later = asyncio.create_task(coalesce.submit(["later"]))  # the slot is free again
+        await settle()
+        translator.calls[2].answer()
+        assert await later == ["LATER"]
+
+    run(scenario())
+
+
+def test_without_a_call_limit_every_request_is_its_own_call():
+    async def scenario():
+        translator = Translator()
+        coalesce = coalescer(translator, max_calls=0)
+        tasks = [asyncio.create_task(coalesce.submit([str(i)])) for i in range(5)]
+        await settle()
+        assert [call.requests for call in translator.calls] == [[[str(i)]] for i in range(5)]
+        for call in translator.calls:
+            call.answer()
+        assert await asyncio.gather(*tasks) == [[str(i)] for i in range(5)]
+
+    run(scenario())
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError):
+        Coalescer(Translator().send, size=len, max_calls=-1)
+    with pytest.raises(ValueError):
+        Coalescer(Translator().send, size=len, max_items=0)
