@@ -238,7 +238,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         down = cluster.wait_for(TRANSLATOR, 1, timeout_s=120)
         report["autoscaling"] = {
             "config": AUTOSCALING,
-            "coalesce_max_calls": 0,
+            "coalesce_max_calls": autoscaled["applications"][0]["args"]["coalesce_max_calls"],
             "back_to_min_replicas_s": seconds(idle),
             "under_load_target_2_after_s": seconds(up_decided),
             "under_load_2_running_after_s": seconds(up),

@@ -296,6 +296,14 @@ def session_pids(session_id: int) -> list[int]:
     return pids
 
 
+def command_line(pid: int) -> str:
+    """A process's command line, arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 ROLES = (  # command-line prefix → role, first match wins
     ("ray::ProxyActor", "proxy"),
@@ -312,7 +320,7 @@ def cpu_seconds(session_id: int | None) -> Counter:
     for pid in session_pids(session_id) if session_id else []:
         with contextlib.suppress(OSError, ValueError):
             stat = Path(f"/proc/{pid}/stat").read_text()
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            command = command_line(pid)
             fields = stat[stat.rindex(")") + 2 :].split()
             role = next((role for prefix, role in ROLES if command.startswith(prefix)), "ray other")
             seconds[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS

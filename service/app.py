@@ -47,10 +47,6 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 INFO_CACHE_S = 10.0
 
 
-async def _outcome(work: Any) -> Any:
-    return await work
-
-
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
 
 # serve.ingress serializes the routes when the class is decorated: every helper they use is
@@ -137,7 +133,7 @@ class Ingress:
         self.in_flight += 1
         work = start()
         try:
-            result = await asyncio.wait_for(_outcome(work), self.config.request_timeout_s)
+            result = await asyncio.wait_for(work, self.config.request_timeout_s)
         except asyncio.TimeoutError:
             if isinstance(work, DeploymentResponse):
                 work.cancel()  # a coalesced request is given up by cancelling its wait (service/coalescing.py)

@@ -45,10 +45,13 @@ class Rejected:
     error: Exception
 
 
+REFUSALS = (TranslatorError, ExplanationNotFoundError)  # the client's fault: answered 4xx, not logged
+
+
 async def _rejecting(call: Awaitable[Any]) -> Any:
     try:
         return await call
-    except (TranslatorError, ExplanationNotFoundError) as error:
+    except REFUSALS as error:
         return Rejected(error)
 
 
@@ -132,14 +135,11 @@ class TranslatorDeployment:
         One outcome per request: its translations, or why it was refused. A request's failure
         never touches the others in the call.
         """
-        outcomes = await asyncio.gather(
-            *(_rejecting(self._translate(texts, options, attention)) for texts, options, attention in requests),
-            return_exceptions=True,
-        )
+        outcomes = await asyncio.gather(*(self._translate(*request) for request in requests), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome  # cancellation or shutdown: not one request's fault
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, Exception) and not isinstance(outcome, REFUSALS):
                 logger.error("translation request failed", exc_info=outcome)
         return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.service import session_pids
+from bench.service import command_line, session_pids
 
 PROC = Path("/proc")
 LISTEN = "0A"
@@ -36,13 +36,6 @@ def _pids() -> list[int]:
     return [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
 
 
-def _command_line(pid: int) -> str:
-    try:
-        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
 def listener_pid(port: int) -> int:
     """The process that holds the listening socket of `port` (the Serve proxy)."""
     wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
@@ -64,4 +57,4 @@ def replica_pids(port: int, application: str, deployment: str) -> list[int]:
     """PIDs of the live replicas of `deployment` in `application` of the Serve instance on `port`."""
     title = f"ray::ServeReplica:{application}:{deployment}"
     session = os.getsid(listener_pid(port))
-    return sorted(pid for pid in session_pids(session) if _command_line(pid).split(" ", 1)[0] == title)
+    return sorted(pid for pid in session_pids(session) if command_line(pid).split(" ", 1)[0] == title)
