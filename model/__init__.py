@@ -2,11 +2,14 @@
 
 from model.config import ModelConfig
 from model.errors import CheckpointError, InputTooLongError, InvalidInputError, TranslatorError, UnknownModelError
+from model.explain import AttentionSteps
 from model.search import Hypothesis
 from model.transformer import Transformer
-from model.translator import Translation, Translator
+from model.translator import Explanation, Translation, Translator
 
 __all__ = [
+    "AttentionSteps",
+    "Explanation",
     "CheckpointError",
     "Hypothesis",
     "InputTooLongError",

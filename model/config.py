@@ -53,8 +53,21 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
+    # The cross-attention head trained with guided alignment (None: the alignment layer's head average).
+    alignment_layer: int | None = None
+    alignment_head: int | None = None
 
     def __post_init__(self) -> None:
+        if self.alignment_layer is not None and not 0 <= self.alignment_layer < self.decoder_layers:
+            raise CheckpointError(
+                f"config field alignment_layer={self.alignment_layer} is not a decoder layer "
+                f"(0..{self.decoder_layers - 1})"
+            )
+        if self.alignment_head is not None and not 0 <= self.alignment_head < self.decoder_attention_heads:
+            raise CheckpointError(
+                f"config field alignment_head={self.alignment_head} is not a decoder head "
+                f"(0..{self.decoder_attention_heads - 1})"
+            )
         if self.decoder_vocab_size is None:
             self.decoder_vocab_size = self.vocab_size
         if self.activation_function not in SUPPORTED_ACTIVATIONS:

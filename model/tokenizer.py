@@ -123,6 +123,11 @@ class MarianTokenizer:
     def source_tokens(self, ids: list[int]) -> list[str]:
         return [self.source_pieces.get(i, UNK) for i in ids]
 
+    def source_text(self, ids: list[int]) -> str:
+        """Source ids → text (special tokens dropped), for showing what an explanation was made of."""
+        pieces = [piece for piece in self.source_tokens(ids) if piece not in (EOS, PAD)]
+        return "".join(pieces).replace(WORD_BOUNDARY, " ").strip()
+
     # ---- target side ------------------------------------------------------------------
     def encode_target(self, text: str) -> list[int]:
         """Target-side ids of a given translation followed by </s> (for forced decoding)."""

@@ -79,6 +79,15 @@ class TrainingOptions:
     export_only: bool = False
     epoch_eval_limit: int = 0
     init_from: str = ""
+    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): pull one cross-attention head
+    # toward word links of the training pairs (model.statistical_alignment's train.jsonl).
+    guided_alignment: str = ""
+    guided_alignment_weight: float = 0.1
+    alignment_layer: int = -1  # -1: the penultimate decoder layer
+    alignment_head: int = 0  # -1: the layer's head average
+    alignment_dev: str = ""  # eflomal links of dev pairs (dev.jsonl): in-domain AER per epoch
+    alignment_gold: str = ""  # human gold directory: gold AER per epoch
+    source_language: str = ""  # "en", "zh", …; empty: guessed from the training sources' script
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -202,6 +211,58 @@ def make_batches(examples: list[tuple[list[int], list[int]]], batch_tokens: int,
     return batches
 
 
+def load_guides(path: str, pairs: list[tuple[str, str]], tokenizer: MarianTokenizer) -> list[list[tuple[int, int]]]:
+    """Piece-level guide links (source piece, target piece) for every training pair, </s> with </s>.
+
+    `path` holds one JSON line per pair of the training file, in its order, with the English and
+    Chinese texts, their word spans and the word links [en_word, zh_word].
+    """
+    from model.alignment import piece_guide, piece_spans, pieces_to_words
+
+    with open(path, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle]
+    if len(records) != len(pairs):
+        raise ValueError(f"{path} has {len(records)} lines for {len(pairs)} training pairs")
+    guides = []
+    for number, ((source, target), record) in enumerate(zip(pairs, records), start=1):
+        links = [tuple(link) for link in record["links"]]
+        if (record["en"], record["zh"]) == (source, target):
+            source_words, target_words = record["en_words"], record["zh_words"]
+        elif (record["zh"], record["en"]) == (source, target):
+            source_words, target_words = record["zh_words"], record["en_words"]
+            links = [(b, a) for a, b in links]
+        else:
+            raise ValueError(f"{path} line {number} is not the training file's pair {number}")
+        source_spans = piece_spans(tokenizer.source_spm, source)
+        target_spans = piece_spans(tokenizer.target_spm, target)
+        guide = piece_guide(
+            links, pieces_to_words(source_spans, source_words), pieces_to_words(target_spans, target_words)
+        )
+        guides.append([*guide, (len(source_spans), len(target_spans))])  # </s> ↔ </s>
+    return guides
+
+
+def guide_tensor(guides: list[list[tuple[int, int]]], source_width: int, target_width: int) -> torch.Tensor:
+    """(B, T, S) guide: each target row with links spreads 1 evenly over its linked source pieces."""
+    guide = torch.zeros(len(guides), target_width, source_width)
+    for row, links in enumerate(guides):
+        for source, target in links:
+            if source < source_width and target < target_width:
+                guide[row, target, source] = 1.0
+    return guide / guide.sum(dim=-1, keepdim=True).clamp_min(1.0)
+
+
+def guided_alignment_loss(attention: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the guide against the attention, averaged over target rows that have links."""
+    rows = (guide.sum(dim=-1) > 0).sum().clamp_min(1)
+    return -(guide * torch.log(attention.float() + 1e-6)).sum() / rows
+
+
+def resolve_alignment_head(options: TrainingOptions, config: ModelConfig) -> tuple[int, int | None]:
+    layer = options.alignment_layer if options.alignment_layer >= 0 else max(0, config.decoder_layers - 2)
+    return layer, (options.alignment_head if options.alignment_head >= 0 else None)
+
+
 def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], config: ModelConfig):
     pad = config.pad_token_id
     sources = [examples[i][0] for i in indices]
@@ -263,6 +324,56 @@ def evaluate(
 ) -> dict[str, float]:
     hypotheses = translate_all(model, tokenizer, sources, beam_size)
     return score_translations(hypotheses, references, tokenize)
+
+
+def guess_language(pairs: list[tuple[str, str]]) -> str:
+    """"zh" when most characters of the given sources are CJK, else "en"."""
+    from model.tokenizer import _is_cjk
+
+    text = "".join(source for source, _ in pairs)
+    return "zh" if sum(map(_is_cjk, text)) > len(text) / 2 else "en"
+
+
+class AlignmentMonitor:
+    """Per-epoch attention health: the alignment head's normalized entropy and AER (in domain, gold).
+
+    Warns loudly when the cross-attention goes flat (normalized entropy ≥ FLAT_ENTROPY), the failure
+    that left an earlier en→zh model with uniform attention that nothing noticed.
+    """
+
+    FLAT_ENTROPY = 0.95
+
+    def __init__(self, options: TrainingOptions, tokenizer: MarianTokenizer, config: ModelConfig) -> None:
+        from model.evaluate_alignment import gold_items, link_items
+
+        self.tokenizer = tokenizer
+        self.layer, self.head = (
+            (config.alignment_layer, config.alignment_head)
+            if config.alignment_layer is not None
+            else (max(0, config.decoder_layers - 2), None)
+        )
+        language = options.source_language or guess_language(read_pairs(options.train, options.source_column, 0)[:50])
+        self.sets = {}
+        if options.alignment_dev:
+            self.sets["dev"] = link_items(options.alignment_dev, language, limit=300)
+        if options.alignment_gold:
+            self.sets["gold"] = gold_items(options.alignment_gold, language)
+
+    def epoch_report(self, model: Transformer) -> dict:
+        from model.evaluate_alignment import forced_maps, mean_entropy, score_head
+
+        record = {}
+        for name, items in self.sets.items():
+            maps = forced_maps(model, self.tokenizer, items)
+            record[f"{name}_aer"] = score_head(maps, items, self.layer, self.head).as_dict()["aer"]
+            record[f"{name}_entropy"] = mean_entropy(maps, self.layer, self.head)
+            if record[f"{name}_entropy"] >= self.FLAT_ENTROPY:
+                logger.warning(
+                    "CROSS-ATTENTION IS FLAT: layer %d head %s has normalized entropy %.3f on %s pairs "
+                    "(1.0 = uniform); its alignments and heatmaps will carry no information",
+                    self.layer, "mean" if self.head is None else self.head, record[f"{name}_entropy"], name,
+                )
+        return record
 
 
 # ---- resumable state (safetensors + JSON, no pickle) ---------------------------------
@@ -374,11 +485,13 @@ def train(options: TrainingOptions) -> dict:
     pairs = read_pairs(options.train, options.source_column, options.target_column)
     logger.info("read %d training pairs from %s", len(pairs), options.train)
     tokenizer = prepare_tokenizer(options, pairs, work)
-    examples = []
-    for source, target in pairs:
+    guides_by_pair = load_guides(options.guided_alignment, pairs, tokenizer) if options.guided_alignment else None
+    examples, guides = [], []
+    for number, (source, target) in enumerate(pairs):
         source_ids, target_ids = tokenizer.encode_source(source), tokenizer.encode_target(target)
         if len(source_ids) <= options.max_length and len(target_ids) <= options.max_length:
             examples.append((source_ids, target_ids))
+            guides.append(guides_by_pair[number] if guides_by_pair else [])
     dev_sources, dev_refs = [], []
     if options.dev:
         dev_sources, dev_refs = dev_references(read_pairs(options.dev, options.source_column, options.target_column))
@@ -386,6 +499,9 @@ def train(options: TrainingOptions) -> dict:
             dev_sources, dev_refs = dev_sources[: options.eval_limit], dev_refs[: options.eval_limit]
 
     config = build_config(options, tokenizer)
+    if options.guided_alignment:
+        config.alignment_layer, config.alignment_head = resolve_alignment_head(options, config)
+    alignment_monitor = AlignmentMonitor(options, tokenizer, config)
     model = Transformer(config)
     for name, parameter in model.named_parameters():
         if parameter.dim() > 1:
@@ -431,13 +547,23 @@ def train(options: TrainingOptions) -> dict:
             if tqdm
             else None
         )
-        running_loss, running_tokens = 0.0, 0
+        running_loss, running_tokens, running_alignment = 0.0, 0, 0.0
+        batches_run = 0
         for batch_index in range(state["batch_in_epoch"], len(batches)):
             source_ids, source_mask, decoder_input, labels = collate(examples, batches[batch_index], config)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(state["step"] + 1, options)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
-                logits = model(source_ids, source_mask, decoder_input)
+                if options.guided_alignment:
+                    encoded = model.encode(source_ids, source_mask)
+                    hidden, cross = model.decode(decoder_input, encoded, need_weights=True)
+                    logits = model.logits(hidden)
+                    layer, head = config.alignment_layer, config.alignment_head
+                    attention = cross[layer].mean(dim=1) if head is None else cross[layer][:, head]
+                    guide = guide_tensor([guides[i] for i in batches[batch_index]], source_ids.size(1), labels.size(1))
+                    alignment_loss = guided_alignment_loss(attention, guide)
+                else:
+                    logits = model(source_ids, source_mask, decoder_input)
             loss = F.cross_entropy(
                 logits.float().view(-1, logits.size(-1)),
                 labels.view(-1),
@@ -447,12 +573,17 @@ def train(options: TrainingOptions) -> dict:
             )
             tokens = int((labels != -100).sum())
             optimizer.zero_grad(set_to_none=True)
-            (loss / tokens).backward()
+            objective = loss / tokens
+            if options.guided_alignment:
+                objective = objective + options.guided_alignment_weight * alignment_loss
+                running_alignment += alignment_loss.detach().item()
+            objective.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
             optimizer.step()
             zero_start_embedding(model)
             state["step"] += 1
             state["batch_in_epoch"] = batch_index + 1
+            batches_run += 1
             running_loss += loss.detach().item()
             running_tokens += tokens
             if progress:
@@ -486,10 +617,13 @@ def train(options: TrainingOptions) -> dict:
             "train_loss": round(epoch_loss, 4),
             "minutes": round((time.monotonic() - started) / 60, 1),
         }
+        if options.guided_alignment:
+            record["alignment_loss"] = round(running_alignment / max(batches_run, 1), 4)
         if finished_epoch:
             if dev_sources:
                 limit = options.epoch_eval_limit or len(dev_sources)  # a fixed prefix of dev keeps epochs comparable
                 record.update(evaluate(model, tokenizer, dev_sources[:limit], dev_refs[:limit], options.bleu_tokenize))
+                record.update(alignment_monitor.epoch_report(model))
                 if record["bleu"] > state["best_bleu"]:
                     state["best_bleu"] = record["bleu"]
                     save_file(weights_of(model), str(work / "best.safetensors"))

@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from model.alignment import alignment_matrix, attention_links
 from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
+from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.search import Hypothesis, beam_search
 from model.tokenizer import MarianTokenizer, word_groups
 from model.transformer import Transformer
@@ -70,25 +72,32 @@ class Translation:
     alternatives: list[Translation] = field(default_factory=list)
 
 
-def token_alignment(cross_attention: Tensor, layer: int) -> list[tuple[int, int]]:
-    """For each target token, the source token with the highest head-averaged attention in `layer`."""
-    averaged = cross_attention[layer].float().mean(dim=0)  # (T, S)
-    best = averaged.argmax(dim=-1).tolist()
-    return [(source, target) for target, source in enumerate(best)]
+def token_alignment(cross_attention: Tensor, layer: int, head: int | None = None) -> list[tuple[int, int]]:
+    """For each target token, the source token the alignment head weighs most, never the source </s>.
+
+    head None reads the layer's head average (a model without a declared alignment head).
+    """
+    return attention_links(alignment_matrix(cross_attention, layer, head))
 
 
 def word_alignment(
-    cross_attention: Tensor, layer: int, source_tokens: list[str], target_tokens: list[str]
+    cross_attention: Tensor, layer: int, source_tokens: list[str], target_tokens: list[str], head: int | None = None
 ) -> tuple[list[tuple[int, int]], list[str], list[str]]:
-    """Merge pieces into words; each target word aligns to the source word receiving most attention mass."""
+    """Merge pieces into words; each target word aligns to the source word receiving most attention mass.
+
+    The source's final </s> is never a candidate (it holds no word).
+    """
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
-    averaged = cross_attention[layer].float().mean(dim=0)  # (T, S)
+    matrix = alignment_matrix(cross_attention, layer, head)  # (T, S)
+    candidates = [w for w, pieces in enumerate(source_groups) if not _special(source_tokens[pieces[0]])]
+    if not candidates:
+        candidates = list(range(len(source_groups)))
     pairs = []
     for target_word, target_pieces in enumerate(target_groups):
-        rows = averaged[target_pieces].mean(dim=0)  # (S,)
-        mass = torch.stack([rows[pieces].sum() for pieces in source_groups])
-        pairs.append((int(mass.argmax()), target_word))
+        rows = matrix[target_pieces].mean(dim=0)  # (S,)
+        mass = torch.stack([rows[source_groups[w]].sum() for w in candidates])
+        pairs.append((candidates[int(mass.argmax())], target_word))
     return (
         pairs,
         [_word_text(source_tokens, g) for g in source_groups],
@@ -96,8 +105,32 @@ def word_alignment(
     )
 
 
+def _special(piece: str) -> bool:
+    return piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+
+
 def _word_text(tokens: list[str], group: list[int]) -> str:
     return "".join(tokens[i] for i in group).replace("\u2581", " ").strip() or tokens[group[0]]
+
+
+@dataclass
+class Explanation:
+    """A given (source, target) pair run through the model by teacher forcing: the maps that produced it."""
+
+    source_ids: list[int]
+    target_ids: list[int]
+    source_tokens: list[str]
+    target_tokens: list[str]
+    source_text: str
+    text: str
+    token_logprobs: list[float]
+    alignment: list[tuple[int, int]]
+    word_alignment: list[tuple[int, int]]
+    source_words: list[str]
+    target_words: list[str]
+    alignment_head: tuple[int, int | None]
+    cross_attention: Tensor  # (decoder_layers, heads, T, S)
+    encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
 
 
 class Translator:
@@ -135,8 +168,19 @@ class Translator:
 
     @property
     def alignment_layer(self) -> int:
-        """The penultimate decoder layer: its cross-attention aligns best in practice."""
-        return max(0, self.config.decoder_layers - 2)
+        """The decoder layer alignments are read from: the model's declared one, else the penultimate."""
+        return self.alignment_head[0]
+
+    @property
+    def alignment_head(self) -> tuple[int, int | None]:
+        """(layer, head) of the alignment head; head None means the layer's head average.
+
+        A model trained with guided alignment declares it in config.json (alignment_layer,
+        alignment_head); otherwise the penultimate layer's head average is used.
+        """
+        config = self.config
+        layer = config.alignment_layer if config.alignment_layer is not None else max(0, config.decoder_layers - 2)
+        return layer, config.alignment_head
 
     def encode_source(self, texts: list[str]) -> list[list[int]]:
         """Texts → vocabulary ids with the final </s> (the ids MarianTokenizer gives)."""
@@ -226,8 +270,7 @@ class Translator:
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
-        layer = self.alignment_layer
-        pairs, words = token_alignment(attention, layer), word_alignment(attention, layer, source_tokens, target_tokens)
+        pairs, words = self._alignments(attention, source_tokens, target_tokens)
         return Translation(
             text=self.tokenizer.decode(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -242,3 +285,41 @@ class Translator:
             target_words=words[2],
             cross_attention=attention if keep_attention else None,
         )
+
+    def _alignments(self, attention: Tensor, source_tokens: list[str], target_tokens: list[str]):
+        layer, head = self.alignment_head
+        words = word_alignment(attention, layer, source_tokens, target_tokens, head)
+        return token_alignment(attention, layer, head), words
+
+    def explain(self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False) -> Explanation:
+        """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
+        `translate` gave for that output, plus (encoder_attention) the encoder's self-attention."""
+        decoded = forced_decode(self.model, list(source_ids), list(target_ids))
+        source_tokens = self.tokenizer.source_tokens(source_ids)
+        target_tokens = self.tokenizer.target_tokens(target_ids)
+        pairs, words = self._alignments(decoded.cross_attention, source_tokens, target_tokens)
+        return Explanation(
+            source_ids=list(source_ids),
+            target_ids=list(target_ids),
+            source_tokens=source_tokens,
+            target_tokens=target_tokens,
+            source_text=self.tokenizer.source_text(source_ids),
+            text=self.tokenizer.decode(target_ids),
+            token_logprobs=decoded.token_logprobs,
+            alignment=pairs,
+            word_alignment=words[0],
+            source_words=words[1],
+            target_words=words[2],
+            alignment_head=self.alignment_head,
+            cross_attention=decoded.cross_attention,
+            encoder_self_attention=decoded.encoder_self_attention if encoder_attention else None,
+        )
+
+    def attention_steps(
+        self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
+    ) -> AttentionSteps:
+        """One head's attention at one query position, step by step (layer None: the alignment layer
+        for cross-attention, the last encoder layer for encoder self-attention)."""
+        if layer is None:
+            layer = self.alignment_layer if kind == "cross" else self.config.encoder_layers - 1
+        return attention_steps(self.model, list(source_ids), list(target_ids), kind, layer, head, position)

@@ -19,18 +19,13 @@ from typing import Any
 from ray import serve
 
 from model import InputTooLongError, Translator, TranslatorError
-from model.explain import attention_steps, forced_decode
-from model.translator import token_alignment
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.metrics import replica_identity, service_metrics
-from service.results import hypothesis_json, steps_json
+from service.results import explanation_json, hypothesis_json, steps_json
 
 logger = logging.getLogger("ray.serve")
-
-SPECIAL_PIECES = ("</s>", "<pad>")
-
 
 @dataclass
 class Rejected:
@@ -121,6 +116,7 @@ class TranslatorDeployment:
             "decoder_attention_heads": config.decoder_attention_heads,
             "d_model": config.d_model,
             "alignment_layer": self.translator.alignment_layer,
+            "alignment_head": self.translator.alignment_head[1],
             "max_source_tokens": config.max_position_embeddings,
         }
         logger.info("translator %s loaded from %s on %s", self.spec.id, self.spec.path, self.translator.device)
@@ -188,13 +184,13 @@ class TranslatorDeployment:
         self.metrics.texts.labels(self.spec.id, self.replica).inc()
         self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
         self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
-        layer = self.translator.alignment_layer
+        head = self.translator.alignment_head
         result = hypothesis_json(
-            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, layer
+            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, head
         )
         result["alternatives"] = [
             hypothesis_json(
-                alternative, self._explanation_id(alternative.source_ids, alternative.target_ids), attention, layer
+                alternative, self._explanation_id(alternative.source_ids, alternative.target_ids), attention, head
             )
             for alternative in translation.alternatives
         ] or None
@@ -222,26 +218,9 @@ class TranslatorDeployment:
 
     def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str) -> dict:
         """The explanation object; with kind "explain" also the encoder self-attention."""
-        decoded = forced_decode(self.translator.model, source_ids, target_ids)
+        explained = self.translator.explain(source_ids, target_ids, encoder_attention=kind == "explain")
         self.metrics.forced_decodes.labels(self.spec.id, kind).inc()
-        tokenizer = self.translator.tokenizer
-        source_tokens = tokenizer.source_tokens(source_ids)
-        layer = self.translator.alignment_layer
-        result = {
-            "model": self.spec.id,
-            "explanation_id": self._explanation_id(source_ids, target_ids),
-            "source": _source_text(source_tokens),
-            "translation": tokenizer.decode(target_ids),
-            "source_tokens": source_tokens,
-            "target_tokens": tokenizer.target_tokens(target_ids),
-            "token_scores": [float(x) for x in decoded.token_logprobs],
-            "alignment_layer": layer,
-            "alignment": [list(pair) for pair in token_alignment(decoded.cross_attention, layer)],
-            "cross_attention": decoded.cross_attention.tolist(),
-        }
-        if kind == "explain":
-            result["encoder_self_attention"] = decoded.encoder_self_attention.tolist()
-        return result
+        return explanation_json(explained, self.spec.id, self._explanation_id(source_ids, target_ids))
 
     async def explain(
         self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
@@ -286,14 +265,8 @@ class TranslatorDeployment:
     def _explain_json(
         self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
     ) -> dict:
-        if layer is None:
-            layer = self.translator.alignment_layer if kind == "cross" else self.translator.config.encoder_layers - 1
         result = self._forced_decode_json(source_ids, target_ids, "explain")
-        steps = attention_steps(self.translator.model, source_ids, target_ids, kind, layer, head, position)
+        steps = self.translator.attention_steps(source_ids, target_ids, kind, layer, head, position)
         result["steps"] = steps_json(steps)
         return result
 
-
-def _source_text(source_tokens: list[str]) -> str:
-    pieces = [piece for piece in source_tokens if piece not in SPECIAL_PIECES]
-    return "".join(pieces).replace("\u2581", " ").strip()

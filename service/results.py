@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model import Translation
+from model import Explanation, Translation
 
 
 def head_average(heads: list[list[list[float]]]) -> list[list[float]]:
@@ -17,8 +17,14 @@ def head_average(heads: list[list[list[float]]]) -> list[list[float]]:
     return [[sum(column) / count for column in zip(*rows)] for rows in zip(*heads)]
 
 
+def alignment_map(cross_attention: list, alignment_head: tuple[int, int | None]) -> list[list[float]]:
+    """The [target][source] map alignments are read from: the alignment head, or its layer's head average."""
+    layer, head = alignment_head
+    return head_average(cross_attention[layer]) if head is None else cross_attention[layer][head]
+
+
 def hypothesis_json(
-    translation: Translation, explanation_id: str, attention: str, alignment_layer: int
+    translation: Translation, explanation_id: str, attention: str, alignment_head: tuple[int, int | None]
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "text": translation.text,
@@ -35,10 +41,34 @@ def hypothesis_json(
     if attention != "none" and translation.cross_attention is not None:
         cross_attention = translation.cross_attention.tolist()  # [layer][head][target][source]
         result["attention"] = {
-            "layer": alignment_layer,
-            "summary": head_average(cross_attention[alignment_layer]),
+            "layer": alignment_head[0],
+            "head": alignment_head[1],
+            "summary": alignment_map(cross_attention, alignment_head),
             "cross_attention": cross_attention if attention == "full" else None,
         }
+    return result
+
+
+def explanation_json(explained: Explanation, model_id: str, explanation_id: str) -> dict[str, Any]:
+    """model.Explanation → the object of GET /v1/explanations/{id} (and the base of POST /v1/explain)."""
+    result: dict[str, Any] = {
+        "model": model_id,
+        "explanation_id": explanation_id,
+        "source": explained.source_text,
+        "translation": explained.text,
+        "source_tokens": explained.source_tokens,
+        "target_tokens": explained.target_tokens,
+        "token_scores": [float(x) for x in explained.token_logprobs],
+        "alignment_layer": explained.alignment_head[0],
+        "alignment_head": explained.alignment_head[1],
+        "alignment": [list(pair) for pair in explained.alignment],
+        "word_alignment": [list(pair) for pair in explained.word_alignment],
+        "source_words": explained.source_words,
+        "target_words": explained.target_words,
+        "cross_attention": explained.cross_attention.tolist(),
+    }
+    if explained.encoder_self_attention is not None:
+        result["encoder_self_attention"] = explained.encoder_self_attention.tolist()
     return result
 
 

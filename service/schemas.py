@@ -45,7 +45,7 @@ class TranslateRequest(ModelChoice):
     )
     attention: AttentionLevel = Field(
         "none",
-        description='"summary": head-averaged cross-attention of the alignment layer; '
+        description='"summary": the cross-attention of the alignment head (the map `alignment` is read from); '
         '"full": also every layer and head. The explanation_id gives the same maps later.',
     )
 
@@ -58,7 +58,13 @@ class TranslateRequest(ModelChoice):
 
 class AttentionMaps(BaseModel):
     layer: int = Field(description="The decoder layer of `summary` (the alignment layer).")
-    summary: list[list[float]] = Field(description="[target_token][source_token], averaged over heads; rows sum to 1.")
+    head: int | None = Field(
+        description="The alignment head of that layer; null: the model declares none and `summary` is the "
+        "layer's head average."
+    )
+    summary: list[list[float]] = Field(
+        description="[target_token][source_token]: the alignment head's weights; rows sum to 1."
+    )
     cross_attention: list[list[list[list[float]]]] | None = Field(
         None, description='[layer][head][target_token][source_token]; only with attention: "full".'
     )
@@ -70,7 +76,10 @@ class Hypothesis(BaseModel):
     target_tokens: list[str]
     score: float = Field(description="Sum of the token log-probabilities.")
     token_scores: list[float] = Field(description="Log-probability of each target token.")
-    alignment: list[AlignmentPair] = Field(description="Per target token, the source token it attends to most.")
+    alignment: list[AlignmentPair] = Field(
+        description="[source_token_index, target_token_index]: per target token, the source token the alignment "
+        "head weighs most (never the source's </s>)."
+    )
     word_alignment: list[AlignmentPair] = Field(description="[source_word_index, target_word_index] pairs.")
     source_words: list[str]
     target_words: list[str]
@@ -98,7 +107,11 @@ class ExplanationResponse(BaseModel):
     target_tokens: list[str]
     token_scores: list[float]
     alignment_layer: int
+    alignment_head: int | None = Field(description="The alignment head of alignment_layer; null: the head average.")
     alignment: list[AlignmentPair]
+    word_alignment: list[AlignmentPair] = Field(description="The same word alignment the translation carried.")
+    source_words: list[str]
+    target_words: list[str]
     cross_attention: list[list[list[list[float]]]] = Field(description="[layer][head][target_token][source_token]")
 
 
@@ -187,7 +200,10 @@ class ModelInfo(BaseModel):
     encoder_attention_heads: int
     decoder_attention_heads: int
     d_model: int
-    alignment_layer: int
+    alignment_layer: int = Field(description="The decoder layer alignments are read from.")
+    alignment_head: int | None = Field(
+        description="The head of alignment_layer trained with guided alignment; null: the layer's head average."
+    )
     max_source_tokens: int
 
 

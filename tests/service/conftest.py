@@ -105,7 +105,8 @@ def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> None:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     return {
-        "en-zh": make_model_dir(root / "tiny-en-zh", shared=True, seed=0),
+        # en-zh declares an alignment head (as a guided-alignment model does); zh-en does not.
+        "en-zh": make_model_dir(root / "tiny-en-zh", shared=True, seed=0, alignment_layer=1, alignment_head=2),
         "zh-en": make_model_dir(root / "tiny-zh-en", shared=False, seed=1),
     }
 

@@ -39,6 +39,9 @@ def test_models_describes_each_model(client):
     assert models["en-zh"]["source_lang"] == "en" and models["en-zh"]["target_lang"] == "zh"
     assert len(models["en-zh"]["weights_digest"]) == 16
     assert models["en-zh"]["decoder_layers"] == 2 and models["en-zh"]["decoder_attention_heads"] == 4
+    # the alignment head a model directory declares, or its penultimate layer's head average (null)
+    assert (models["en-zh"]["alignment_layer"], models["en-zh"]["alignment_head"]) == (1, 2)
+    assert (models["zh-en"]["alignment_layer"], models["zh-en"]["alignment_head"]) == (0, None)
 
 
 def test_translate_returns_tokens_scores_alignment_and_an_explanation_id(client):
@@ -79,10 +82,25 @@ def test_max_length_bounds_the_translation(client):
     assert len(translation["target_tokens"]) <= 3
 
 
-def test_summary_attention_is_the_head_average_of_the_alignment_layer(client):
+def test_summary_attention_is_the_declared_alignment_head(client):
     (translation,) = translate(client, ["I see the cat."], attention="full", max_length=5)["translations"]
     attention = translation["attention"]
-    layer = attention["cross_attention"][attention["layer"]]
+    assert (attention["layer"], attention["head"]) == (1, 2)
+    head = attention["cross_attention"][1][2]
+    assert max_difference(attention["summary"], head) < 1e-6
+    # the token alignment is that map's row-wise argmax over the source words, never the final </s>
+    last = len(translation["source_tokens"]) - 1
+    for (s, t), row in zip(translation["alignment"], head, strict=True):
+        assert s != last and row[s] == max(row[:last])
+
+
+def test_summary_attention_without_an_alignment_head_is_the_head_average(client):
+    response = client.post(
+        "/v1/translate", json={"texts": ["我喜欢茶。"], "model": "zh-en", "attention": "full", "max_length": 5}
+    )
+    attention = response.json()["translations"][0]["attention"]
+    assert (attention["layer"], attention["head"]) == (0, None)
+    layer = attention["cross_attention"][0]
     heads = len(layer)
     for t, row in enumerate(attention["summary"]):
         assert math.isclose(sum(row), 1.0, abs_tol=1e-4)
@@ -115,6 +133,9 @@ def test_a_fetched_explanation_equals_the_inline_full_attention(client):
     assert explanation["source"] == "The cat sat on the mat."
     assert max_difference(explanation["cross_attention"], translation["attention"]["cross_attention"]) < TOLERANCE
     assert explanation["alignment"] == translation["alignment"]
+    for key in ("word_alignment", "source_words", "target_words"):  # a permalink shows the same word alignment
+        assert explanation[key] == translation[key]
+    assert (explanation["alignment_layer"], explanation["alignment_head"]) == (1, 2)
     # every score but a length-capped final </s> (forced, log-probability 0 in search) is the model's own
     assert max_difference(explanation["token_scores"][:-1], translation["token_scores"][:-1]) < TOLERANCE
 
