@@ -149,6 +149,17 @@ def score_head(
     return alignment_error_rate(predicted, [item.reference for item in items])
 
 
+def score_diagonal(maps: list[ForcedMaps], items: list[AlignmentItem]) -> AlignmentScore:
+    """The baseline of no model at all: target piece t aligned with source piece ⌊t·S/T⌋ (</s> left out)."""
+    predicted = []
+    for forced in maps:
+        target_len, source_len = forced.cross_attention.shape[-2:]
+        content = max(source_len - 1, 1)
+        links = [(min(content - 1, t * content // target_len), t) for t in range(target_len)]
+        predicted.append(words_from_pieces(links, forced.source_map, forced.target_map))
+    return alignment_error_rate(predicted, [item.reference for item in items])
+
+
 def mean_entropy(maps: list[ForcedMaps], layer: int, head: int | None) -> float:
     values = [normalized_entropy(alignment_matrix(f.cross_attention, layer, head)) for f in maps]
     return round(sum(values) / max(len(values), 1), 4)
@@ -170,6 +181,7 @@ def alignment_report(
         "service": score_head(maps, items, layer, head).as_dict(),
         "service_shift": score_head(maps, items, layer, head, shift=True).as_dict(),
         "entropy": mean_entropy(maps, layer, head),
+        "diagonal": score_diagonal(maps, items).as_dict(),
     }
     if every_head:
         heads = {}

@@ -55,6 +55,39 @@ def _is_cjk(character: str) -> bool:
     )
 
 
+# The full-width punctuation Chinese writes, which NFKC normalization (sentencepiece's default) folds to ASCII.
+_FULL_WIDTH = {",": "，", "?": "？", "!": "！", ":": "：", ";": "；", "(": "（", ")": "）"}
+
+
+def _is_ideograph(character: str) -> bool:
+    code = ord(character)
+    return 0x3400 <= code <= 0x9FFF or 0xF900 <= code <= 0xFAFF or 0x20000 <= code <= 0x2FA1F or character in "。、"
+
+
+def restore_full_width(text: str) -> str:
+    """Give back Chinese punctuation its full width where it follows (or an opening bracket precedes)
+    Chinese text: "你好吗?" → "你好吗？", while "1,000", "OK!" and English stay as they are."""
+    if not any(_is_ideograph(c) for c in text):
+        return text
+    characters = list(text)
+    for index, character in enumerate(characters):
+        if character not in _FULL_WIDTH:
+            continue
+        before = text[:index].rstrip()
+        after = text[index + 1 :].lstrip()
+        if character == "(":
+            chinese = bool(after) and _is_ideograph(after[0])
+        else:
+            chinese = bool(before) and (_is_ideograph(before[-1]) or before[-1] in "）」』")
+        if chinese:
+            characters[index] = _FULL_WIDTH[character]
+    result = "".join(characters)
+    # no spaces around full-width punctuation
+    for mark in _FULL_WIDTH.values():
+        result = result.replace(" " + mark, mark).replace(mark + " ", mark)
+    return result
+
+
 def word_groups(pieces: list[str]) -> list[list[int]]:
     """Group piece indices into words: a new word at each "▁" and around CJK characters.
 
@@ -141,6 +174,10 @@ class MarianTokenizer:
         """Target ids → text, special tokens dropped (MarianTokenizer's decode with skip_special_tokens)."""
         pieces = [self.target_pieces.get(i, UNK) for i in ids if i not in self.special_ids]
         return self.target_spm.decode_pieces(pieces).replace(WORD_BOUNDARY, " ").strip()
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text users see: `decode`, with Chinese punctuation restored to full width."""
+        return restore_full_width(self.decode(ids))
 
     def save_vocabularies(self, directory: str | Path) -> None:
         """Write vocab.json (and target_vocab.json when separate) plus tokenizer_config.json."""

@@ -310,7 +310,7 @@ def translate_all(
         chunk = order[start : start + batch_size]
         ids = [tokenizer.encode_source(texts[i])[: model.config.max_position_embeddings] for i in chunk]
         for index, hypotheses in zip(chunk, beam_search(model, ids, beam_size=beam_size)):
-            results[index] = tokenizer.decode(hypotheses[0].token_ids)
+            results[index] = tokenizer.detokenize(hypotheses[0].token_ids)
     return [results[i] for i in range(len(texts))]
 
 

@@ -272,7 +272,7 @@ class Translator:
         attention = hypothesis.cross_attention
         pairs, words = self._alignments(attention, source_tokens, target_tokens)
         return Translation(
-            text=self.tokenizer.decode(hypothesis.token_ids),
+            text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
             target_tokens=target_tokens,
             source_ids=list(source_ids),
@@ -304,7 +304,7 @@ class Translator:
             source_tokens=source_tokens,
             target_tokens=target_tokens,
             source_text=self.tokenizer.source_text(source_ids),
-            text=self.tokenizer.decode(target_ids),
+            text=self.tokenizer.detokenize(target_ids),
             token_logprobs=decoded.token_logprobs,
             alignment=pairs,
             word_alignment=words[0],

@@ -158,16 +158,18 @@ function show(explanation, id, translation) {
   state.steps = null;
   const layers = explanation.cross_attention.length;
   const heads = explanation.cross_attention[0]?.length ?? 0;
-  // The alignment comes from the head average of the alignment layer: start there so both views agree.
+  // Open on the alignment head (the map the served alignment is read from) so heatmap and lines agree;
+  // a model without one aligns by its alignment layer's head average.
   state.layer = clamp(explanation.alignment_layer ?? layers - 2, 0, layers - 1);
-  state.head = "avg";
+  state.head = explanation.alignment_head ?? "avg";
   state.selectedPiece = null;
   options($("#layer-select"), range(layers).map((l) => ({ value: l, label: `${l + 1} / ${layers}` })), state.layer);
   options(
     $("#head-select"),
     [{ value: "avg", label: t("head_avg") }, ...range(heads).map((h) => ({ value: h, label: `${h + 1} / ${heads}` }))],
-    "avg",
+    state.head,
   );
+  describeAlignmentHead();
   $("#results").hidden = false;
   $("#steps").hidden = true;
   $("#steps").replaceChildren();
@@ -175,6 +177,17 @@ function show(explanation, id, translation) {
   renderTranslation();
   renderAttention();
   fillStepControls();
+}
+
+/** One line under the attention controls: which layer and head the alignment is read from. */
+function describeAlignmentHead() {
+  const e = state.explanation;
+  if (!e) return;
+  const layer = (e.alignment_layer ?? 0) + 1;
+  const note = e.alignment_head == null
+    ? t("alignment_head_avg", { layer })
+    : t("alignment_head", { layer, head: e.alignment_head + 1 });
+  $("#alignment-head-note").textContent = note;
 }
 
 // ---------------------------------------------------------------- translation, confidence, alternatives
@@ -267,8 +280,10 @@ function renderAttention() {
   const e = state.explanation;
   const matrix = headMatrix(e.cross_attention, state.layer, state.head);
   const view = buildView(state.view, e.source_tokens, e.target_tokens, matrix, e.alignment ?? [], e.token_scores ?? state.translation?.token_scores);
-  const words = state.translation?.word_alignment;
-  if (state.view === "words" && words && state.translation.target_words?.length === view.target.length) view.alignment = words;
+  // The word alignment the server computed (the same on a permalink as on the fresh translation).
+  const words = e.word_alignment ?? state.translation?.word_alignment;
+  const targetWords = e.target_words ?? state.translation?.target_words;
+  if (state.view === "words" && words && targetWords?.length === view.target.length) view.alignment = words;
   state.current = view;
   renderConfidence(view);
   drawHeatmap();
@@ -487,6 +502,7 @@ function applyLanguage(lang) {
   if (state.explanation) {
     const headSelect = $("#head-select");
     if (headSelect.options[0]) headSelect.options[0].textContent = t("head_avg");
+    describeAlignmentHead();
     renderTranslation();
     renderAttention();
     drawSteps();

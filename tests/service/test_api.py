@@ -90,7 +90,7 @@ def test_summary_attention_is_the_declared_alignment_head(client):
     assert max_difference(attention["summary"], head) < 1e-6
     # the token alignment is that map's row-wise argmax over the source words, never the final </s>
     last = len(translation["source_tokens"]) - 1
-    for (s, t), row in zip(translation["alignment"], head, strict=True):
+    for (s, _), row in zip(translation["alignment"], head, strict=True):
         assert s != last and row[s] == max(row[:last])
 
 

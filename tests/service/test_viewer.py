@@ -134,6 +134,13 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
+def alignment_map(explanation: dict) -> list:
+    """The map the service reads alignments from: the declared alignment head, else the layer's head average."""
+    layer = explanation["cross_attention"][explanation["alignment_layer"]]
+    head = explanation["alignment_head"]
+    return head_average(layer) if head is None else layer[head]
+
+
 # ---------------------------------------------------------------- tests
 
 
@@ -143,10 +150,18 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     attention = explanation["cross_attention"]
     target_count, source_count = len(explanation["target_tokens"]), len(explanation["source_tokens"])
 
-    # Opens on the head average of the alignment layer, the map the alignment is computed from.
+    # Opens on the alignment head (or, without one, the alignment layer's head average): the map the
+    # alignment is computed from, and says so in a line.
     cells = shown_cells(page)
     assert set(cells) == {(t, s) for t in range(target_count) for s in range(source_count)}
-    expected = head_average(attention[explanation["alignment_layer"]])
+    expected = alignment_map(explanation)
+    note = page.inner_text("#alignment-head-note")
+    assert f"layer {explanation['alignment_layer'] + 1}" in note
+    if explanation["alignment_head"] is not None:
+        assert f"head {explanation['alignment_head'] + 1}" in note
+        assert page.input_value("#head-select") == str(explanation["alignment_head"])
+    else:
+        assert "average" in note and page.input_value("#head-select") == "avg"
     for (t, s), value in cells.items():
         assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
 
@@ -188,7 +203,7 @@ def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
     explanation_id = page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
     explanation = api.get(f"/v1/explanations/{explanation_id}").json()
     assert page.inner_text("#translation-text") == explanation["translation"] == second.inner_text()
-    expected = head_average(explanation["cross_attention"][explanation["alignment_layer"]])
+    expected = alignment_map(explanation)
     cells = shown_cells(page)
     assert len(cells) == len(expected) * len(expected[0])
     for (t, s), value in cells.items():
