@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from model import DecodingOptions
 from service.schemas import TranslateRequest
 
 api = FastAPI(title="no-op reference")
@@ -22,7 +23,7 @@ api = FastAPI(title="no-op reference")
 class Echo:
     """Stands where a translator stands; does no work."""
 
-    async def translate(self, texts: list[str], options: dict) -> list[dict]:
+    async def translate(self, texts: list[str], options: DecodingOptions) -> list[dict]:
         return [{"text": text, "target_tokens": []} for text in texts]
 
 
@@ -34,8 +35,8 @@ class EchoIngress:
 
     @api.post("/v1/translate")
     async def translate(self, body: TranslateRequest) -> dict:
-        options = {"beam_size": body.beam_size, "n_best": body.n_best, "max_length": body.max_length}
-        return {"model": "noop", "translations": await self.echo.translate.remote(body.texts, options)}
+        translations = await self.echo.translate.remote(body.texts, body.decoding_options())
+        return {"model": "noop", "translations": translations}
 
     @api.get("/readyz")
     async def readyz(self) -> dict:

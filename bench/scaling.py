@@ -47,14 +47,12 @@ from bench.service import (  # noqa: E402
     RESULTS,
     bench_config,
     exit_on_sigterm,
-    free_port,
     read_sentences,
-    run_load,
     serve_environment,
-    stop_process_group,
     tiny_models,
-    translate_bodies,
 )
+from tests.loadgen import run_load, translate_bodies  # noqa: E402
+from tests.processes import free_port, stop_process_group  # noqa: E402
 
 logger = logging.getLogger("bench.scaling")
 

@@ -3,12 +3,15 @@
 from model.config import ModelConfig
 from model.errors import CheckpointError, InputTooLongError, InvalidInputError, TranslatorError, UnknownModelError
 from model.explain import AttentionSteps
+from model.options import MAX_BEAM_SIZE, DecodingOptions
 from model.search import Hypothesis
 from model.transformer import Transformer
 from model.translator import Explanation, Translation, Translator
 
 __all__ = [
     "AttentionSteps",
+    "DecodingOptions",
+    "MAX_BEAM_SIZE",
     "Explanation",
     "CheckpointError",
     "Hypothesis",

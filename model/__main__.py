@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
+
+from wcwidth import wcswidth
 
 from model.errors import TranslatorError
 from model.translator import Translator, pretrained_names
@@ -30,14 +33,20 @@ def _translation_json(translation, with_attention: bool) -> dict:
     return result
 
 
+def pad(text: str, width: int) -> str:
+    """Left-justify by display width: a Chinese character takes two terminal columns, not one."""
+    shown = wcswidth(text)
+    return text + " " * max(0, width - (shown if shown >= 0 else len(text)))
+
+
 def _print_table(translation) -> None:
     print(translation.text)
     print(f"  score {translation.score:.3f}")
-    print(f"  {'#':>3}  {'target token':<16} {'p':>6}  aligned source token")
-    for (source_index, target_index), logprob in zip(translation.alignment, translation.token_logprobs):
+    print(f"  {'#':>3}  {pad('target token', 16)} {'p':>6}  aligned source token")
+    for (source_index, target_index), logprob in zip(translation.alignment, translation.token_logprobs, strict=True):
         target = translation.target_tokens[target_index]
         source = translation.source_tokens[source_index]
-        print(f"  {target_index:>3}  {target:<16} {2.718281828**logprob:6.3f}  {source} (#{source_index})")
+        print(f"  {target_index:>3}  {pad(target, 16)} {math.exp(logprob):6.3f}  {source} (#{source_index})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,49 @@ import sys
 
 import torch
 
-from model.train import dev_references, read_pairs, score_translations, translate_all
+from model.data import dev_references, read_pairs
+from model.options import DecodingOptions
+from model.search import beam_search
+from model.tokenizer import MarianTokenizer
+from model.transformer import Transformer
 from model.translator import Translator
+
+
+def score_translations(hypotheses: list[str], references: list[list[str]], tokenize: str) -> dict[str, float]:
+    import sacrebleu  # a training-time dependency only
+
+    width = max(map(len, references))
+    streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+    bleu = sacrebleu.corpus_bleu(hypotheses, streams, tokenize=tokenize)
+    chrf = sacrebleu.corpus_chrf(hypotheses, streams)
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2)}
+
+
+def translate_all(
+    model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64
+) -> list[str]:
+    model.eval()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    results: dict[int, str] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids = [tokenizer.encode_source(texts[i])[: model.config.max_position_embeddings] for i in chunk]
+        for index, hypotheses in zip(chunk, beam_search(model, ids, DecodingOptions(beam_size=beam_size))):
+            results[index] = tokenizer.detokenize(hypotheses[0].token_ids)
+    return [results[i] for i in range(len(texts))]
+
+
+def evaluate(
+    model: Transformer,
+    tokenizer: MarianTokenizer,
+    sources: list[str],
+    references: list[list[str]],
+    tokenize: str,
+    beam_size: int = 1,
+) -> dict[str, float]:
+    hypotheses = translate_all(model, tokenizer, sources, beam_size)
+    return score_translations(hypotheses, references, tokenize)
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

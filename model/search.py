@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from model.options import DecodingOptions
 from model.transformer import Transformer
 
 NEG_INF = -1.0e9
@@ -60,32 +61,28 @@ class _Step:
 def beam_search(
     model: Transformer,
     source_ids: list[list[int]],
-    beam_size: int = 4,
-    max_new_tokens: int | list[int] | None = None,
-    length_penalty: float = 1.0,
-    num_return_sequences: int = 1,
+    options: DecodingOptions | None = None,
     return_attention: bool = False,
-    min_new_tokens: int = 0,
+    budgets: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
-    min_new_tokens bans eos before that many tokens (transformers' min_new_tokens); the
-    length budget still ends every hypothesis with eos.
+    `budgets` (one length budget per source) overrides options.max_new_tokens; min_new_tokens
+    bans eos before that many tokens (transformers' min_new_tokens); the length budget still
+    ends every hypothesis with eos.
     """
+    options = options or DecodingOptions()
     config = model.config
     device = model.final_logits_bias.device
-    k = beam_size
-    if not 1 <= num_return_sequences <= k:
-        raise ValueError(f"num_return_sequences must be between 1 and beam_size={k}")
     batch = len(source_ids)
     lengths = [len(ids) for ids in source_ids]
     limit = config.max_position_embeddings
-    if max_new_tokens is None:
+    if budgets is not None:
+        budgets = [min(m, limit) for m in budgets]
+    elif options.max_new_tokens is None:
         budgets = [default_max_new_tokens(n, limit) for n in lengths]
-    elif isinstance(max_new_tokens, int):
-        budgets = [min(max_new_tokens, limit)] * batch
     else:
-        budgets = [min(m, limit) for m in max_new_tokens]
+        budgets = [min(options.max_new_tokens, limit)] * batch
 
     # Encoder once for the whole batch, right-padded.
     width = max(lengths)
@@ -95,10 +92,9 @@ def beam_search(
     padded = padded.to(device)
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     encoder = model.encode(padded, mask)
-    if k == 1:
-        return _greedy(model, encoder, lengths, budgets, length_penalty, min_new_tokens, return_attention)
-    return _beam(model, encoder, lengths, budgets, k, length_penalty, num_return_sequences, min_new_tokens,
-                 return_attention)
+    if options.beam_size == 1:
+        return _greedy(model, encoder, lengths, budgets, options, return_attention)
+    return _beam(model, encoder, lengths, budgets, options, return_attention)
 
 
 def _next_logprobs(logits: Tensor, step: int, min_new_tokens: int, ending: list[int], config) -> Tensor:
@@ -123,8 +119,7 @@ def _greedy(
     encoder,
     lengths: list[int],
     budgets: list[int],
-    length_penalty: float,
-    min_new_tokens: int,
+    options: DecodingOptions,
     return_attention: bool,
 ) -> list[list[Hypothesis]]:
     """Beam search with k=1, without the beam bookkeeping: argmax per row, finished rows leave the batch.
@@ -133,6 +128,7 @@ def _greedy(
     the cross-attention of each step stays a tensor until the end.
     """
     config = model.config
+    length_penalty, min_new_tokens = options.length_penalty, options.min_new_tokens
     device = encoder.hidden.device
     batch = len(lengths)
     cache = model.start_cache(encoder, capacity=max(budgets))
@@ -187,13 +183,12 @@ def _beam(
     encoder,
     lengths: list[int],
     budgets: list[int],
-    k: int,
-    length_penalty: float,
-    num_return_sequences: int,
-    min_new_tokens: int,
+    options: DecodingOptions,
     return_attention: bool,
 ) -> list[list[Hypothesis]]:
     """Beam search proper: each source repeated k times for its beams, 2k candidates per input and step."""
+    k, length_penalty, min_new_tokens = options.beam_size, options.length_penalty, options.min_new_tokens
+    num_return_sequences = options.n_best
     config = model.config
     device = encoder.hidden.device
     batch = len(lengths)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from model.alignment import GoldLinks, alignment_error_rate, grow_diag_final_and, parse_pharaoh, split_words
-from model.train import read_pairs
+from model.data import read_pairs
 
 logger = logging.getLogger("model.statistical_alignment")
 

@@ -20,7 +20,7 @@ import math
 import random
 import shutil
 import time
-from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,11 +31,13 @@ from safetensors.torch import load_file, save_file
 
 from model.checkpoint import load_state, save_model
 from model.config import ModelConfig
-from model.search import beam_search
+from model.data import dev_references, read_pairs
+from model.evaluate import evaluate
 from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
 from model.transformer import Transformer
 
 logger = logging.getLogger("model.train")
+SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}
 
 
 @dataclass
@@ -91,22 +93,13 @@ class TrainingOptions:
 
 
 # ---- data ---------------------------------------------------------------------------
-def read_pairs(path: str, source_column: int, target_column: int) -> list[tuple[str, str]]:
-    """Read (source, target) pairs from a TSV file; lines missing a column are skipped."""
-    pairs = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            columns = line.rstrip("\n").split("\t")
-            if len(columns) <= max(source_column, target_column):
-                continue
-            source, target = columns[source_column].strip(), columns[target_column].strip()
-            if source and target:
-                pairs.append((source, target))
-    return pairs
+def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage: float, spaced: bool = True) -> None:
+    """Unigram sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>).
 
-
-def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage: float, seed: int) -> None:
-    """Unigram sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>)."""
+    Deterministic for the same texts (one thread; sentencepiece takes no seed), so --seed needs no part here.
+    For a language written without spaces (spaced=False: Chinese) no "▁" is put before the text, so a
+    sentence does not start with a lone "▁" piece the model must learn to write.
+    """
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(texts),
         model_prefix=str(path.with_suffix("")),
@@ -118,6 +111,7 @@ def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage:
         eos_id=-1,
         pad_id=-1,
         hard_vocab_limit=False,
+        add_dummy_prefix=spaced,
         minloglevel=2,
         num_threads=1,
     )
@@ -155,7 +149,9 @@ def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], wo
         path = spm_dir / f"{side}.spm"
         if not path.exists():
             logger.info("training %s sentencepiece model (%d pieces)", side, size)
-            train_sentencepiece([pair[index] for pair in pairs], path, size, coverage, options.seed)
+            texts = [pair[index] for pair in pairs]
+            spaced = guess_language([(text, "") for text in texts[:200]]) != "zh"
+            train_sentencepiece(texts, path, size, coverage, spaced)
     if options.joint_vocab:
         vocab_path = spm_dir / "joint_vocab.json"
         if not vocab_path.exists():
@@ -281,53 +277,9 @@ def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], con
     return source_ids, source_mask, decoder_input, labels
 
 
-# ---- evaluation ---------------------------------------------------------------------
-def dev_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[str]]]:
-    """Group dev pairs by source: unique sources and, per source, all its reference translations."""
-    grouped: OrderedDict[str, list[str]] = OrderedDict()
-    for source, target in pairs:
-        grouped.setdefault(source, []).append(target)
-    return list(grouped), list(grouped.values())
-
-
-def score_translations(hypotheses: list[str], references: list[list[str]], tokenize: str) -> dict[str, float]:
-    import sacrebleu  # a training-time dependency only
-
-    width = max(map(len, references))
-    streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
-    bleu = sacrebleu.corpus_bleu(hypotheses, streams, tokenize=tokenize)
-    chrf = sacrebleu.corpus_chrf(hypotheses, streams)
-    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2)}
-
-
-def translate_all(
-    model: Transformer, tokenizer: MarianTokenizer, texts: list[str], beam_size: int = 1, batch_size: int = 64
-) -> list[str]:
-    model.eval()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    results: dict[int, str] = {}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        ids = [tokenizer.encode_source(texts[i])[: model.config.max_position_embeddings] for i in chunk]
-        for index, hypotheses in zip(chunk, beam_search(model, ids, beam_size=beam_size)):
-            results[index] = tokenizer.detokenize(hypotheses[0].token_ids)
-    return [results[i] for i in range(len(texts))]
-
-
-def evaluate(
-    model: Transformer,
-    tokenizer: MarianTokenizer,
-    sources: list[str],
-    references: list[list[str]],
-    tokenize: str,
-    beam_size: int = 1,
-) -> dict[str, float]:
-    hypotheses = translate_all(model, tokenizer, sources, beam_size)
-    return score_translations(hypotheses, references, tokenize)
-
-
+# ---- evaluation ----------------------------------------------------------------------
 def guess_language(pairs: list[tuple[str, str]]) -> str:
-    """"zh" when most characters of the given sources are CJK, else "en"."""
+    """ "zh" when most characters of the given sources are CJK, else "en"."""
     from model.tokenizer import _is_cjk
 
     text = "".join(source for source, _ in pairs)
@@ -371,7 +323,10 @@ class AlignmentMonitor:
                 logger.warning(
                     "CROSS-ATTENTION IS FLAT: layer %d head %s has normalized entropy %.3f on %s pairs "
                     "(1.0 = uniform); its alignments and heatmaps will carry no information",
-                    self.layer, "mean" if self.head is None else self.head, record[f"{name}_entropy"], name,
+                    self.layer,
+                    "mean" if self.head is None else self.head,
+                    record[f"{name}_entropy"],
+                    name,
                 )
         return record
 
@@ -470,18 +425,30 @@ def learning_rate(step: int, options: TrainingOptions) -> float:
     return options.learning_rate * min(step / options.warmup_steps, math.sqrt(options.warmup_steps / step))
 
 
-def train(options: TrainingOptions) -> dict:
-    work = Path(options.work)
-    work.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(work / "train.log")
+@dataclass
+class TrainingData:
+    tokenizer: MarianTokenizer
+    examples: list[tuple[list[int], list[int]]]  # (source ids, target ids), both ending in </s>
+    guides: list[list[tuple[int, int]]]  # per example its guided-alignment links (empty without guides)
+    dev_sources: list[str]
+    dev_refs: list[list[str]]
+
+
+@contextmanager
+def logging_to(path: Path):
+    """Send model.* logs to `path` for the duration of one training run."""
+    handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("model").addHandler(handler)
-    if options.threads:
-        torch.set_num_threads(options.threads)
-    (work / "options.json").write_text(json.dumps(asdict(options), indent=1), encoding="utf-8")
-    random.seed(options.seed)
-    torch.manual_seed(options.seed)
+    try:
+        yield
+    finally:
+        logging.getLogger("model").removeHandler(handler)
+        handler.close()
 
+
+def load_data(options: TrainingOptions, work: Path) -> TrainingData:
+    """Phase 1: read the pairs, prepare the tokenizers, encode, attach guides, read dev."""
     pairs = read_pairs(options.train, options.source_column, options.target_column)
     logger.info("read %d training pairs from %s", len(pairs), options.train)
     tokenizer = prepare_tokenizer(options, pairs, work)
@@ -497,11 +464,14 @@ def train(options: TrainingOptions) -> dict:
         dev_sources, dev_refs = dev_references(read_pairs(options.dev, options.source_column, options.target_column))
         if options.eval_limit:
             dev_sources, dev_refs = dev_sources[: options.eval_limit], dev_refs[: options.eval_limit]
+    return TrainingData(tokenizer, examples, guides, dev_sources, dev_refs)
 
+
+def build_model(options: TrainingOptions, tokenizer: MarianTokenizer) -> Transformer:
+    """Phase 2: the network, freshly initialised or continued from --init-from."""
     config = build_config(options, tokenizer)
     if options.guided_alignment:
         config.alignment_layer, config.alignment_head = resolve_alignment_head(options, config)
-    alignment_monitor = AlignmentMonitor(options, tokenizer, config)
     model = Transformer(config)
     for name, parameter in model.named_parameters():
         if parameter.dim() > 1:
@@ -512,133 +482,171 @@ def train(options: TrainingOptions) -> dict:
         load_state(model, load_file(str(Path(options.init_from) / "model.safetensors")), source=options.init_from)
         logger.info("initialised weights from %s", options.init_from)
     zero_start_embedding(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
-    state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
-    resume_path = work / "last"
-    if options.export_only:
-        # Export the best checkpoint so far (e.g. while the run goes on) without training or evaluating.
-        model.load_state_dict(load_file(str(work / "best.safetensors")), strict=False)
-        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}[options.save_dtype]
-        export(model, tokenizer, work, Path(options.output), dtype)
-        return {"exported": options.output}
-    if (resume_path / "state.json").exists():
-        state = load_training_state(resume_path, model, optimizer)
-        logger.info("resumed from %s at epoch %d step %d", resume_path, state["epoch"], state["step"])
-    logger.info(
-        "model: %d parameters, %d training examples, %d dev sources",
-        sum(p.numel() for p in model.parameters()),
-        len(examples),
-        len(dev_sources),
-    )
+    return model
 
+
+def train(options: TrainingOptions) -> dict:
+    """Train (or resume) as `options` say and export the chosen weights; returns the summary."""
+    work = Path(options.work)
+    work.mkdir(parents=True, exist_ok=True)
+    with logging_to(work / "train.log"):
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        (work / "options.json").write_text(json.dumps(asdict(options), indent=1), encoding="utf-8")
+        random.seed(options.seed)
+        torch.manual_seed(options.seed)
+        data = load_data(options, work)
+        model = build_model(options, data.tokenizer)
+        if options.export_only:
+            # Export the best checkpoint so far (e.g. while the run goes on) without training or evaluating.
+            model.load_state_dict(load_file(str(work / "best.safetensors")), strict=False)
+            export(model, data.tokenizer, work, Path(options.output), SAVE_DTYPES[options.save_dtype])
+            return {"exported": options.output}
+        optimizer = torch.optim.Adam(model.parameters(), lr=options.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+        state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best_bleu": -1.0, "history": [], "seconds": 0.0}
+        if (work / "last" / "state.json").exists():
+            state = load_training_state(work / "last", model, optimizer)
+            logger.info("resumed from %s at epoch %d step %d", work / "last", state["epoch"], state["step"])
+        logger.info(
+            "model: %d parameters, %d training examples, %d dev sources",
+            sum(p.numel() for p in model.parameters()),
+            len(data.examples),
+            len(data.dev_sources),
+        )
+        monitor = AlignmentMonitor(options, data.tokenizer, model.config)
+        started = time.monotonic() - state["seconds"]
+        stop = False
+        while state["epoch"] < options.epochs and not stop:
+            stop, running, batches = run_epoch(options, model, optimizer, data, state, work, started)
+            end_epoch(options, model, optimizer, data, state, work, started, monitor, running, batches)
+        return finish(options, model, data.tokenizer, work, state, data.dev_sources, data.dev_refs)
+
+
+def run_epoch(options, model: Transformer, optimizer, data: TrainingData, state: dict, work: Path, started: float):
+    """Phase 3: the updates of one epoch (from where a resumed run left off).
+
+    Returns (out of time or steps, the epoch's running sums, the epoch's batch count).
+    """
     try:
         from tqdm import tqdm
     except ImportError:  # progress bars are a convenience, not a requirement
         tqdm = None
-    started = time.monotonic() - state["seconds"]
+    config = model.config
+    epoch = state["epoch"]
+    batches = make_batches(data.examples, options.batch_tokens, random.Random(options.seed + epoch))
+    model.train()
+    progress = (
+        tqdm(total=len(batches), initial=state["batch_in_epoch"], desc=f"epoch {epoch + 1}", mininterval=10)
+        if tqdm
+        else None
+    )
+    running = {"loss": 0.0, "tokens": 0, "alignment": 0.0, "batches": 0}
     last_checkpoint = time.monotonic()
-    stop = False
-    while state["epoch"] < options.epochs and not stop:
-        epoch = state["epoch"]
-        batches = make_batches(examples, options.batch_tokens, random.Random(options.seed + epoch))
-        model.train()
-        progress = (
-            tqdm(total=len(batches), initial=state["batch_in_epoch"], desc=f"epoch {epoch + 1}", mininterval=10)
-            if tqdm
-            else None
-        )
-        running_loss, running_tokens, running_alignment = 0.0, 0, 0.0
-        batches_run = 0
-        for batch_index in range(state["batch_in_epoch"], len(batches)):
-            source_ids, source_mask, decoder_input, labels = collate(examples, batches[batch_index], config)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(state["step"] + 1, options)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
-                if options.guided_alignment:
-                    encoded = model.encode(source_ids, source_mask)
-                    hidden, cross = model.decode(decoder_input, encoded, need_weights=True)
-                    logits = model.logits(hidden)
-                    layer, head = config.alignment_layer, config.alignment_head
-                    attention = cross[layer].mean(dim=1) if head is None else cross[layer][:, head]
-                    guide = guide_tensor([guides[i] for i in batches[batch_index]], source_ids.size(1), labels.size(1))
-                    alignment_loss = guided_alignment_loss(attention, guide)
-                else:
-                    logits = model(source_ids, source_mask, decoder_input)
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)),
-                labels.view(-1),
-                ignore_index=-100,
-                label_smoothing=options.label_smoothing,
-                reduction="sum",
-            )
-            tokens = int((labels != -100).sum())
-            optimizer.zero_grad(set_to_none=True)
-            objective = loss / tokens
+    for batch_index in range(state["batch_in_epoch"], len(batches)):
+        source_ids, source_mask, decoder_input, labels = collate(data.examples, batches[batch_index], config)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(state["step"] + 1, options)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
             if options.guided_alignment:
-                objective = objective + options.guided_alignment_weight * alignment_loss
-                running_alignment += alignment_loss.detach().item()
-            objective.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
-            optimizer.step()
-            zero_start_embedding(model)
-            state["step"] += 1
-            state["batch_in_epoch"] = batch_index + 1
-            batches_run += 1
-            running_loss += loss.detach().item()
-            running_tokens += tokens
-            if progress:
-                progress.update(1)
-                progress.set_postfix(loss=f"{running_loss / running_tokens:.3f}", refresh=False)
-            if state["step"] % 50 == 0:
-                logger.info(
-                    "epoch %d step %d loss %.4f lr %.2e",
-                    epoch + 1,
-                    state["step"],
-                    running_loss / running_tokens,
-                    optimizer.param_groups[0]["lr"],
-                )
-            elapsed = time.monotonic() - started
-            out_of_time = options.max_minutes and elapsed > options.max_minutes * 60
-            out_of_steps = options.max_steps and state["step"] >= options.max_steps
-            if out_of_time or out_of_steps:
-                stop = True
-                break
-            if time.monotonic() - last_checkpoint > options.checkpoint_minutes * 60:
-                state["seconds"] = elapsed
-                save_training_state(resume_path, model, optimizer, state)
-                last_checkpoint = time.monotonic()
-        if progress:
-            progress.close()
-        epoch_loss = running_loss / max(running_tokens, 1)
-        finished_epoch = state["batch_in_epoch"] >= len(batches)
-        record = {
-            "epoch": epoch + 1,
-            "step": state["step"],
-            "train_loss": round(epoch_loss, 4),
-            "minutes": round((time.monotonic() - started) / 60, 1),
-        }
+                encoded = model.encode(source_ids, source_mask)
+                hidden, cross = model.decode(decoder_input, encoded, need_weights=True)
+                logits = model.logits(hidden)
+                layer, head = config.alignment_layer, config.alignment_head
+                attention = cross[layer].mean(dim=1) if head is None else cross[layer][:, head]
+                guide = guide_tensor([data.guides[i] for i in batches[batch_index]], source_ids.size(1), labels.size(1))
+                alignment_loss = guided_alignment_loss(attention, guide)
+            else:
+                logits = model(source_ids, source_mask, decoder_input)
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)),
+            labels.view(-1),
+            ignore_index=-100,
+            label_smoothing=options.label_smoothing,
+            reduction="sum",
+        )
+        tokens = int((labels != -100).sum())
+        optimizer.zero_grad(set_to_none=True)
+        objective = loss / tokens
         if options.guided_alignment:
-            record["alignment_loss"] = round(running_alignment / max(batches_run, 1), 4)
-        if finished_epoch:
-            if dev_sources:
-                limit = options.epoch_eval_limit or len(dev_sources)  # a fixed prefix of dev keeps epochs comparable
-                record.update(evaluate(model, tokenizer, dev_sources[:limit], dev_refs[:limit], options.bleu_tokenize))
-                record.update(alignment_monitor.epoch_report(model))
-                if record["bleu"] > state["best_bleu"]:
-                    state["best_bleu"] = record["bleu"]
-                    save_file(weights_of(model), str(work / "best.safetensors"))
-            save_file(weights_of(model), str(work / f"epoch-{epoch + 1:03d}.safetensors"))
-            for old in sorted(work.glob("epoch-*.safetensors"))[: -max(options.average_last, 1)]:
-                old.unlink()
-            state["epoch"] += 1
-            state["batch_in_epoch"] = 0
-        state["history"].append(record)
-        logger.info("epoch summary %s", json.dumps(record))
-        state["seconds"] = time.monotonic() - started
-        save_training_state(resume_path, model, optimizer, state)
-        last_checkpoint = time.monotonic()
+            objective = objective + options.guided_alignment_weight * alignment_loss
+            running["alignment"] += alignment_loss.detach().item()
+        objective.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
+        optimizer.step()
+        zero_start_embedding(model)
+        state["step"] += 1
+        state["batch_in_epoch"] = batch_index + 1
+        running["batches"] += 1
+        running["loss"] += loss.detach().item()
+        running["tokens"] += tokens
+        if progress:
+            progress.update(1)
+            progress.set_postfix(loss=f"{running['loss'] / running['tokens']:.3f}", refresh=False)
+        if state["step"] % 50 == 0:
+            logger.info(
+                "epoch %d step %d loss %.4f lr %.2e",
+                epoch + 1,
+                state["step"],
+                running["loss"] / running["tokens"],
+                optimizer.param_groups[0]["lr"],
+            )
+        elapsed = time.monotonic() - started
+        out_of_time = options.max_minutes and elapsed > options.max_minutes * 60
+        out_of_steps = options.max_steps and state["step"] >= options.max_steps
+        if out_of_time or out_of_steps:
+            if progress:
+                progress.close()
+            return True, running, len(batches)
+        if time.monotonic() - last_checkpoint > options.checkpoint_minutes * 60:
+            state["seconds"] = elapsed
+            save_training_state(work / "last", model, optimizer, state)
+            last_checkpoint = time.monotonic()
+    if progress:
+        progress.close()
+    return False, running, len(batches)
 
-    return finish(options, model, tokenizer, work, state, dev_sources, dev_refs)
+
+def end_epoch(
+    options,
+    model: Transformer,
+    optimizer,
+    data: TrainingData,
+    state: dict,
+    work: Path,
+    started: float,
+    monitor,
+    running: dict,
+    batches: int,
+) -> None:
+    """Phase 4: record the epoch; at its end also evaluate (BLEU, attention health) and keep checkpoints."""
+    epoch = state["epoch"]
+    record = {
+        "epoch": epoch + 1,
+        "step": state["step"],
+        "train_loss": round(running["loss"] / max(running["tokens"], 1), 4),
+        "minutes": round((time.monotonic() - started) / 60, 1),
+    }
+    if options.guided_alignment:
+        record["alignment_loss"] = round(running["alignment"] / max(running["batches"], 1), 4)
+    if state["batch_in_epoch"] >= batches:
+        if data.dev_sources:
+            limit = options.epoch_eval_limit or len(data.dev_sources)  # a fixed prefix of dev keeps epochs comparable
+            record.update(
+                evaluate(model, data.tokenizer, data.dev_sources[:limit], data.dev_refs[:limit], options.bleu_tokenize)
+            )
+            record.update(monitor.epoch_report(model))
+            if record["bleu"] > state["best_bleu"]:
+                state["best_bleu"] = record["bleu"]
+                save_file(weights_of(model), str(work / "best.safetensors"))
+        save_file(weights_of(model), str(work / f"epoch-{epoch + 1:03d}.safetensors"))
+        for old in sorted(work.glob("epoch-*.safetensors"))[: -max(options.average_last, 1)]:
+            old.unlink()
+        state["epoch"] += 1
+        state["batch_in_epoch"] = 0
+    state["history"].append(record)
+    logger.info("epoch summary %s", json.dumps(record))
+    state["seconds"] = time.monotonic() - started
+    save_training_state(work / "last", model, optimizer, state)
 
 
 def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_refs) -> dict:
@@ -669,8 +677,7 @@ def finish(options, model, tokenizer, work: Path, state: dict, dev_sources, dev_
     if dev_sources:
         summary["beam4"] = evaluate(model, tokenizer, dev_sources, dev_refs, options.bleu_tokenize, beam_size=4)
     if options.output:
-        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}[options.save_dtype]
-        export(model, tokenizer, work, Path(options.output), dtype)
+        export(model, tokenizer, work, Path(options.output), SAVE_DTYPES[options.save_dtype])
     (work / "summary.json").write_text(json.dumps({**summary, "history": state["history"]}, indent=1), encoding="utf-8")
     logger.info("finished: %s", json.dumps(summary))
     return summary

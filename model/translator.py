@@ -19,6 +19,7 @@ from model.alignment import alignment_matrix, attention_links
 from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
+from model.options import DecodingOptions
 from model.search import Hypothesis, beam_search
 from model.tokenizer import MarianTokenizer, word_groups
 from model.transformer import Transformer
@@ -26,6 +27,7 @@ from model.transformer import Transformer
 logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pretrained_names() -> list[str]:
@@ -133,6 +135,24 @@ class Explanation:
     encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
 
 
+def blank_translation() -> Translation:
+    """What a blank text translates to: nothing, with nothing to explain."""
+    return Translation("", [], [], [], [], 0.0, [], [], [], [], [], None)
+
+
+def decoding_options(options: DecodingOptions | None, settings: dict) -> DecodingOptions:
+    """`options`, or one built from keyword settings (`num_return_sequences` is n_best's transformers name)."""
+    settings = dict(settings)
+    if "num_return_sequences" in settings:
+        settings["n_best"] = settings.pop("num_return_sequences")
+    unknown = set(settings) - set(DecodingOptions.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown decoding settings: {', '.join(sorted(unknown))}")
+    if options is not None and settings:
+        raise TypeError("give DecodingOptions or keyword settings, not both")
+    return options if options is not None else DecodingOptions(**settings)
+
+
 class Translator:
     """A loaded model plus its tokenizer, ready to translate batches of text."""
 
@@ -147,10 +167,20 @@ class Translator:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+        cls,
+        name_or_path: str | Path,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
     ) -> Translator:
-        """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available)."""
+        """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available).
+
+        dtype: a torch dtype or its name ("float32", "bfloat16", "float16"); None is float32.
+        """
         directory = resolve_model_path(name_or_path)
+        if isinstance(dtype, str):
+            if dtype not in DTYPE_NAMES:
+                raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
+            dtype = DTYPE_NAMES[dtype]
         model = load_model(directory, dtype=dtype or torch.float32).to(pick_device(device))
         tokenizer = MarianTokenizer.from_directory(directory)
         if tokenizer.eos_id != model.config.eos_token_id:
@@ -202,64 +232,54 @@ class Translator:
     def generate(
         self,
         source_ids: list[list[int]],
-        beam_size: int = 4,
-        max_new_tokens: int | None = None,
-        num_return_sequences: int = 1,
+        options: DecodingOptions | None = None,
+        *,
         return_attention: bool = False,
-        length_penalty: float = 1.0,
-        min_new_tokens: int = 0,
+        **settings,
     ) -> list[list[Hypothesis]]:
         """Decode id sequences; per input a list of hypotheses, best first.
 
-        min_new_tokens bans </s> before that many tokens (as transformers' option of that name).
+        Give a `DecodingOptions`, or its fields by keyword (transformers' `num_return_sequences`
+        is accepted for n_best): `generate(ids, beam_size=4, max_new_tokens=64)`.
         """
+        options = decoding_options(options, settings)
         if not source_ids:
             return []
-        if not 1 <= beam_size <= 64:
-            raise InvalidInputError("beam_size must be between 1 and 64")
-        if not 1 <= num_return_sequences <= beam_size:
-            raise InvalidInputError("num_return_sequences must be between 1 and beam_size")
-        if max_new_tokens is not None and max_new_tokens < 1:
-            raise InvalidInputError("max_new_tokens must be at least 1")
         vocab = self.config.vocab_size
         for index, ids in enumerate(source_ids):
             if not ids or any((not isinstance(i, int)) or i < 0 or i >= vocab for i in ids):
                 raise InvalidInputError(f"source_ids[{index}] must be a non-empty list of ids below {vocab}")
             if len(ids) > self.config.max_position_embeddings:
                 raise InputTooLongError(f"source_ids[{index}] is longer than max_position_embeddings")
-        return beam_search(
-            self.model,
-            source_ids,
-            beam_size=beam_size,
-            max_new_tokens=max_new_tokens,
-            length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences,
-            return_attention=return_attention,
-            min_new_tokens=min_new_tokens,
-        )
+        return beam_search(self.model, source_ids, options, return_attention=return_attention)
 
     def translate(
         self,
         texts: list[str],
-        beam_size: int = 4,
-        max_new_tokens: int | None = None,
-        num_return_sequences: int = 1,
+        options: DecodingOptions | None = None,
+        *,
         return_attention: bool = False,
-        length_penalty: float = 1.0,
+        **settings,
     ) -> list[Translation]:
-        """Translate texts. Alignments are always computed (from the captured cross-attention);
-        the attention tensors themselves are returned only when return_attention is true."""
+        """Translate texts with `options` (or its fields by keyword, as `generate`).
+
+        Alignments are always computed (from the captured cross-attention); the attention tensors
+        themselves are returned only when return_attention is true. A blank text translates to ""
+        without running the model.
+        """
+        options = decoding_options(options, settings)
         source_ids = self.encode_source(texts)
-        nbest = self.generate(
-            source_ids,
-            beam_size,
-            max_new_tokens,
-            num_return_sequences,
-            return_attention=True,
-            length_penalty=length_penalty,
+        blank = [not text.strip() for text in texts]
+        nbest_of_text = self.generate(
+            [ids for ids, empty in zip(source_ids, blank, strict=True) if not empty], options, return_attention=True
         )
+        nbest_iter = iter(nbest_of_text)
+        nbest = [[] if empty else next(nbest_iter) for empty in blank]
         results = []
-        for ids, hypotheses in zip(source_ids, nbest):
+        for ids, hypotheses in zip(source_ids, nbest, strict=True):
+            if not hypotheses:
+                results.append(blank_translation())
+                continue
             built = [self._build(ids, h, return_attention) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]

@@ -116,6 +116,83 @@ def test_output_converts_with_ctranslate2_and_decodes_identically(trained, data,
     ours = Translator.from_pretrained(output, device="cpu")
     sources = [line.split("\t")[0] for line in (data / "dev.tsv").read_text(encoding="utf-8").splitlines()[:8]]
     ids = ours.encode_source(sources)
-    expected = reference.translate_batch([ours.tokenizer.source_tokens(row) for row in ids], beam_size=1)
+    # min_decoding_length=0: CTranslate2 otherwise bans </s> as the first token, which transformers and we allow
+    expected = reference.translate_batch(
+        [ours.tokenizer.source_tokens(row) for row in ids], beam_size=1, min_decoding_length=0
+    )
     for hypotheses, result in zip(ours.generate(ids, beam_size=1), expected):
         assert ours.tokenizer.target_tokens(hypotheses[0].token_ids)[:-1] == result.hypotheses[0]
+
+
+def test_each_run_removes_its_log_handler_again(trained):
+    import logging
+
+    assert not [h for h in logging.getLogger("model").handlers if isinstance(h, logging.FileHandler)]
+
+
+def test_guided_alignment_training_records_the_alignment_head_and_attention_health(data, tmp_path):
+    """A guided run on word links (here: every pair's words aligned in order) declares its head and reports
+    the head's entropy and AER per epoch; the exported directory still loads in transformers."""
+    from model.alignment import split_words
+
+    pairs = [line.split("\t")[:2] for line in (data / "train.tsv").read_text(encoding="utf-8").splitlines()]
+    with open(tmp_path / "links.jsonl", "w", encoding="utf-8") as handle:
+        for en, zh in pairs:
+            en_words, zh_words = split_words(en, "en"), split_words(zh, "zh")
+            links = [[i, min(i, len(zh_words) - 1)] for i in range(len(en_words))]
+            record = {"en": en, "zh": zh, "en_words": en_words, "zh_words": zh_words, "links": links}
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    work, output = tmp_path / "work", tmp_path / "out"
+    train_main(
+        [
+            "--train",
+            str(data / "train.tsv"),
+            "--dev",
+            str(data / "dev.tsv"),
+            "--work",
+            str(work),
+            "--output",
+            str(output),
+            "--source-vocab-size",
+            "100",
+            "--target-vocab-size",
+            "80",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--ffn-dim",
+            "64",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "2",
+            "--batch-tokens",
+            "400",
+            "--warmup-steps",
+            "10",
+            "--learning-rate",
+            "3e-3",
+            "--epochs",
+            "1",
+            "--bleu-tokenize",
+            "zh",
+            "--save-dtype",
+            "float32",
+            "--guided-alignment",
+            str(tmp_path / "links.jsonl"),
+            "--alignment-dev",
+            str(tmp_path / "links.jsonl"),
+            "--alignment-layer",
+            "1",
+            "--alignment-head",
+            "1",
+        ]
+    )
+    summary = json.loads((work / "summary.json").read_text())
+    epoch = summary["history"][0]
+    assert {"alignment_loss", "dev_aer", "dev_entropy"} <= set(epoch) and 0 <= epoch["dev_entropy"] <= 1
+    config = json.loads((output / "config.json").read_text())
+    assert (config["alignment_layer"], config["alignment_head"]) == (1, 1)
+    assert Translator.from_pretrained(output, device="cpu").alignment_head == (1, 1)
+    transformers.MarianMTModel.from_pretrained(output)  # still a plain Marian checkpoint

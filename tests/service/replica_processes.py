@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.service import command_line, session_pids
+from tests.processes import command_line, session_pids
 
 PROC = Path("/proc")
 LISTEN = "0A"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench.service import is_error_body
+from tests.loadgen import is_error_body
 
 pytestmark = pytest.mark.slow
 

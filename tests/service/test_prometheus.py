@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from bench.service import free_port, stop_process_group
+from tests.processes import free_port, stop_process_group
 
 pytestmark = pytest.mark.slow
 
