@@ -24,9 +24,20 @@ from starlette.responses import FileResponse, Response
 
 from service.coalescing import Coalescer
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
-from service.deployments import Rejected, TranslatorDeployment
-from service.errors import ApiError, error_response, exception_response, json_response
-from service.explanations import ExplanationKey, decode_explanation_id
+from service.deployments import Rejected, TranslateCall, TranslatorDeployment
+from service.docs import add_offline_docs
+from service.errors import (
+    InvalidRequestError,
+    ModelNotServedError,
+    NotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+    RouteNotFoundError,
+    ServiceError,
+    exception_response,
+    json_response,
+)
+from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id
 from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
 from service.middleware import ServiceMiddleware
 from service.schemas import (
@@ -57,14 +68,16 @@ api = FastAPI(
     version="1.0.0",
     description="Translation whose answers explain themselves: every translation carries the attention that "
     "produced it, fetchable later by explanation id, and one head's arithmetic can be opened step by step.",
+    docs_url=None,  # /docs comes from service/docs.py, with Swagger UI served locally instead of from a CDN
 )
 api.add_middleware(ServiceMiddleware)
+add_offline_docs(api)  # before /static: its assets live below /static/swagger-ui
 api.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
 
 
 @api.exception_handler(RequestValidationError)
 @api.exception_handler(StarletteHTTPException)
-@api.exception_handler(ApiError)
+@api.exception_handler(ServiceError)
 async def _handle_error(request: Request, error: Exception) -> Response:
     return exception_response(error, request.app.state.ingress.config.retry_after_s)
 
@@ -86,7 +99,7 @@ class Ingress:
         self.coalescers = {
             model: Coalescer(
                 partial(self._send_translations, model),
-                size=lambda request: len(request[0]),
+                size=lambda call: len(call.texts),
                 max_calls=self.config.coalesce_max_calls,
                 max_items=self.config.max_batch_size,
             )
@@ -104,32 +117,23 @@ class Ingress:
         if model is not None:
             spec = self.specs.get(model)
             if spec is None:
-                raise ApiError(404, "model_not_found", f"no model {model!r}; available: {available}")
+                raise ModelNotServedError(f"no model {model!r}; available: {available}")
             if (source_lang and source_lang != spec.source_lang) or (target_lang and target_lang != spec.target_lang):
-                raise ApiError(
-                    422, "invalid_request", f"model {model} translates {spec.source_lang}→{spec.target_lang}"
-                )
+                raise InvalidRequestError(f"model {model} translates {spec.source_lang}→{spec.target_lang}")
             return model
         if source_lang is None and target_lang is None and len(self.specs) == 1:
             return next(iter(self.specs))
         if source_lang is None or target_lang is None:
-            raise ApiError(422, "invalid_request", "give either model, or both source_lang and target_lang")
+            raise InvalidRequestError("give either model, or both source_lang and target_lang")
         for spec in self.specs.values():
             if spec.source_lang == source_lang and spec.target_lang == target_lang:
                 return spec.id
-        raise ApiError(
-            404, "model_not_found", f"no model translates {source_lang}→{target_lang}; available: {available}"
-        )
+        raise ModelNotServedError(f"no model translates {source_lang}→{target_lang}; available: {available}")
 
     async def call(self, start: Callable[[], Any]) -> Any:
         """Run start() (a translator call, or a coalesced request) within the in-flight limit and the timeout."""
         if self.in_flight >= self.config.max_in_flight_requests:
-            raise ApiError(
-                503,
-                "overloaded",
-                "the service is at capacity; retry after a moment",
-                {"Retry-After": str(self.config.retry_after_s)},
-            )
+            raise OverloadedError(self.config.retry_after_s)
         self.in_flight += 1
         work = start()
         try:
@@ -137,9 +141,7 @@ class Ingress:
         except asyncio.TimeoutError:
             if isinstance(work, DeploymentResponse):
                 work.cancel()  # a coalesced request is given up by cancelling its wait (service/coalescing.py)
-            raise ApiError(
-                504, "timeout", f"the model did not answer within {self.config.request_timeout_s:g} s"
-            ) from None
+            raise RequestTimeoutError(self.config.request_timeout_s) from None
         finally:
             self.in_flight -= 1
         if isinstance(result, Rejected):
@@ -161,15 +163,15 @@ class Ingress:
         """Verify an explanation id and check that its model is served here."""
         key = decode_explanation_id(explanation_id, self.secret)
         if key.model_id not in self.specs:
-            raise ApiError(404, "explanation_not_found", f"model {key.model_id!r} of this explanation is not served")
+            raise ExplanationNotFoundError(f"model {key.model_id!r} of this explanation is not served")
         return key
 
     # ---- routes ------------------------------------------------------------------------
     @api.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
     async def translate(self, body: TranslateRequest) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
-        options = {"beam_size": body.beam_size, "n_best": body.n_best, "max_length": body.max_length}
-        translations = await self.call(partial(self.coalescers[model].submit, (body.texts, options, body.attention)))
+        call = TranslateCall(texts=body.texts, options=body.decoding_options(), attention=body.attention)
+        translations = await self.call(partial(self.coalescers[model].submit, call))
         return json_response({"model": model, "translations": translations})
 
     @api.get(
@@ -210,7 +212,7 @@ class Ingress:
         try:
             infos = await self.model_infos()
         except Exception:
-            return error_response(503, "not_ready", "models are still loading", {"Retry-After": "5"})
+            raise NotReadyError(retry_after_s=5) from None
         return json_response({"status": "ready", "models": [info["id"] for info in infos]})
 
     @api.get("/metrics", summary="Prometheus metrics of every replica on this node", response_class=Response)
@@ -222,7 +224,7 @@ class Ingress:
     async def viewer(self) -> Response:
         index = STATIC_DIR / "index.html"
         if not index.is_file():
-            raise ApiError(404, "not_found", "the viewer is not installed")
+            raise RouteNotFoundError("the viewer is not installed")
         return FileResponse(index, media_type="text/html")
 
 

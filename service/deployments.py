@@ -18,12 +18,13 @@ from typing import Any
 
 from ray import serve
 
-from model import InputTooLongError, Translator, TranslatorError
+from model import DecodingOptions, InputTooLongError, Translator, TranslatorError
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.metrics import replica_identity, service_metrics
 from service.results import explanation_json, hypothesis_json, steps_json
+from service.schemas import MAX_TEXT_CHARS
 
 logger = logging.getLogger("ray.serve")
 
@@ -51,28 +52,19 @@ async def _rejecting(call: Awaitable[Any]) -> Any:
 
 
 @dataclass(frozen=True)
-class DecodeOptions:
-    """What must be equal for texts to share one engine call."""
+class TranslateCall:
+    """One POST /v1/translate as it travels from the ingress to a translator."""
 
-    beam_size: int = 4
-    n_best: int = 1
-    max_length: int | None = None
-
-
-TranslateCall = tuple[list[str], dict[str, Any], str]  # one request: texts, decoding options, attention detail
+    texts: list[str]
+    options: DecodingOptions
+    attention: str = "none"  # "none" | "summary" | "full": only changes what is returned
 
 
 @dataclass
 class BatchItem:
     text: str
-    options: DecodeOptions
+    options: DecodingOptions
     attention: str  # "none" | "summary" | "full": only changes what is returned
-
-
-def _torch_dtype(name: str):
-    import torch  # the dtype object is the engine's vocabulary; no math happens here
-
-    return getattr(torch, name)
 
 
 @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1})
@@ -89,7 +81,7 @@ class TranslatorDeployment:
     ) -> None:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
-        self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=_torch_dtype(self.spec.dtype))
+        self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=self.spec.dtype)
         self.secret = explanation_secret(explanation_secret_env)
         self.batches: BatchQueue[BatchItem] = BatchQueue(self._decode_batch, max_batch_size, batch_wait_timeout_s)
         config = self.translator.config
@@ -118,6 +110,7 @@ class TranslatorDeployment:
             "alignment_layer": self.translator.alignment_layer,
             "alignment_head": self.translator.alignment_head[1],
             "max_source_tokens": config.max_position_embeddings,
+            "max_text_characters": MAX_TEXT_CHARS,
         }
         logger.info("translator %s loaded from %s on %s", self.spec.id, self.spec.path, self.translator.device)
 
@@ -131,7 +124,7 @@ class TranslatorDeployment:
         One outcome per request: its translations, or why it was refused. A request's failure
         never touches the others in the call.
         """
-        outcomes = await asyncio.gather(*(self._translate(*request) for request in requests), return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._translate(request) for request in requests), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome  # cancellation or shutdown: not one request's fault
@@ -139,15 +132,22 @@ class TranslatorDeployment:
                 logger.error("translation request failed", exc_info=outcome)
         return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 
-    async def _translate(self, texts: list[str], options: dict[str, Any], attention: str) -> list[dict]:
+    async def _translate(self, call: TranslateCall) -> list[dict]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
-        source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
-        decode_options = DecodeOptions(**options)
-        self._check_length_budget(decode_options)
+        texts, options, attention = call.texts, call.options, call.attention
+        try:
+            source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
+        except InputTooLongError as error:
+            raise InputTooLongError(
+                f"{error}. A text is limited both to {MAX_TEXT_CHARS} characters and to the model's "
+                f"{self.translator.config.max_position_embeddings} tokens (max_text_characters and "
+                "max_source_tokens in GET /v1/models); split long texts into sentences"
+            ) from None
+        self._check_length_budget(options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
         outcomes = await asyncio.gather(
-            *(self.batches.submit(BatchItem(text, decode_options, attention), decode_options) for text in texts),
+            *(self.batches.submit(BatchItem(text, options, attention), options) for text in texts),
             return_exceptions=True,
         )
         for outcome in outcomes:
@@ -155,9 +155,9 @@ class TranslatorDeployment:
                 raise outcome
         return outcomes
 
-    def _check_length_budget(self, options: DecodeOptions) -> None:
+    def _check_length_budget(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
-        if options.max_length is not None and options.max_length > limit:
+        if options.max_new_tokens is not None and options.max_new_tokens > limit:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
 
     async def _decode_batch(self, items: list[BatchItem], queue_waits: list[float]) -> list[dict]:
@@ -171,9 +171,7 @@ class TranslatorDeployment:
         translations = await asyncio.to_thread(
             self.translator.translate,
             [item.text for item in items],
-            beam_size=options.beam_size,
-            max_new_tokens=options.max_length,
-            num_return_sequences=options.n_best,
+            options,
             return_attention=any(item.attention != "none" for item in items),
         )
         outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
@@ -196,7 +194,9 @@ class TranslatorDeployment:
         ] or None
         return result
 
-    def _explanation_id(self, source_ids: list[int], target_ids: list[int]) -> str:
+    def _explanation_id(self, source_ids: list[int], target_ids: list[int]) -> str | None:
+        if not source_ids:
+            return None  # a blank text: nothing was decoded, nothing to explain
         key = ExplanationKey(self.spec.id, self.translator.weights_digest, tuple(source_ids), tuple(target_ids))
         return encode_explanation_id(key, self.secret)
 
@@ -233,7 +233,7 @@ class TranslatorDeployment:
     ) -> dict:
         source_ids = self.translator.encode_source([source])[0]
         if target is None:
-            own = await self._translate([source], {"beam_size": beam_size}, "none")
+            own = await self._translate(TranslateCall([source], DecodingOptions(beam_size=beam_size)))
             target_ids = list(decode_explanation_id(own[0]["explanation_id"], self.secret).target_ids)
         else:
             target_ids = self.translator.tokenizer.encode_target(target)

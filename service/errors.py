@@ -1,7 +1,9 @@
 """Every HTTP error the service answers is made here: exception → status, code, message.
 
-Bodies are always {"error": {"code", "message"}}. Messages name the problem, never a stack
-trace, a file path or a Ray internal; unexpected exceptions are logged and answered 500.
+Routes and middleware raise domain exceptions (the engine's, the explanation ids', and the ones
+below); `describe` alone decides the HTTP status. Bodies are always {"error": {"code", "message"}}.
+Messages name the problem, never a stack trace, a file path or a Ray internal; unexpected exceptions
+are logged and answered 500.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ import math
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
+from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    RayServeException,
+    ReplicaUnavailableError,
+    RequestCancelledError,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -22,12 +31,87 @@ from service.explanations import ExplanationIdError, ExplanationNotFoundError
 logger = logging.getLogger("ray.serve")
 
 
-class ApiError(Exception):
-    """An error the service raises on purpose, already shaped for HTTP."""
+class ServiceError(Exception):
+    """A refusal the service makes on purpose; `describe` gives it its status."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+        self.message = message
+
+
+class ModelNotServedError(ServiceError):
+    """No served model matches the request's model id or language pair."""
+
+
+class InvalidRequestError(ServiceError):
+    """A request whose fields are individually valid but do not fit together."""
+
+
+class RouteNotFoundError(ServiceError):
+    """Something the service could serve but does not have (e.g. the viewer's files)."""
+
+
+class UnauthorizedError(ServiceError):
+    """No valid API key on a route that needs one."""
+
+
+class BodyTooLargeError(ServiceError):
+    """A request body past the configured limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request bodies are limited to {limit} bytes")
+
+
+class OverloadedError(ServiceError):
+    """The ingress is at its in-flight limit."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("the service is at capacity; retry after a moment")
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(ServiceError):
+    """The model did not answer within the request timeout."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the model did not answer within {timeout_s:g} s")
+
+
+class NotReadyError(ServiceError):
+    """The models are still loading."""
+
+    def __init__(self, retry_after_s: int = 5) -> None:
+        super().__init__("models are still loading")
+        self.retry_after_s = retry_after_s
+
+
+# Each refusal's status and code; the first matching class wins (subclasses before their bases).
+STATUS = (
+    (ExplanationIdError, 400, "invalid_explanation_id"),
+    (UnauthorizedError, 401, "unauthorized"),
+    (ExplanationNotFoundError, 404, "explanation_not_found"),
+    (ModelNotServedError, 404, "model_not_found"),
+    (UnknownModelError, 404, "model_not_found"),
+    (RouteNotFoundError, 404, "not_found"),
+    (BodyTooLargeError, 413, "body_too_large"),
+    (InputTooLongError, 413, "input_too_long"),
+    (InvalidRequestError, 422, "invalid_request"),
+    (InvalidInputError, 422, "invalid_input"),
+    (OverloadedError, 503, "overloaded"),
+    (NotReadyError, 503, "not_ready"),
+    (RequestTimeoutError, 504, "timeout"),
+)
+HEADERS = {UnauthorizedError: {"WWW-Authenticate": "Bearer"}}
+# Ray's ways of saying a replica or actor is gone or its call was cancelled: the model is unavailable.
+UNAVAILABLE = (
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+    RequestCancelledError,
+    RayActorError,  # ActorDiedError is one
+    ActorUnavailableError,
+    TaskCancelledError,
+    RayServeException,
+)
 
 
 def _finite(value: Any) -> Any:
@@ -74,8 +158,6 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str, str]:
 def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, str, dict[str, str]]:
     """(status, code, message, headers) for any exception: the service's one error mapping."""
     retry = {"Retry-After": str(retry_after_s)}
-    if isinstance(error, ApiError):
-        return error.status, error.code, error.message, error.headers
     if isinstance(error, RequestValidationError):
         return (*_validation_message(error), {})
     if isinstance(error, StarletteHTTPException):
@@ -90,16 +172,12 @@ def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, st
             dict(error.headers or {}),
         )
     cause = _cause(error)
-    if isinstance(cause, ExplanationIdError):
-        return 400, "invalid_explanation_id", str(cause), {}
-    if isinstance(cause, ExplanationNotFoundError):
-        return 404, "explanation_not_found", str(cause), {}
-    if isinstance(cause, InputTooLongError):
-        return 413, "input_too_long", str(cause), {}
-    if isinstance(cause, InvalidInputError):
-        return 422, "invalid_input", str(cause), {}
-    if isinstance(cause, UnknownModelError):
-        return 404, "model_not_found", str(cause), {}
+    for kind, status, code in STATUS:
+        if isinstance(cause, kind):
+            headers = dict(HEADERS.get(kind, {}))
+            if status == 503:
+                headers["Retry-After"] = str(getattr(cause, "retry_after_s", retry_after_s))
+            return status, code, str(cause), headers
     if isinstance(cause, CheckpointError):
         logger.error("model unavailable: %s", cause)
         return 503, "model_unavailable", "the model could not be loaded; try again later", retry
@@ -107,14 +185,7 @@ def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, st
         return 503, "overloaded", "the service is at capacity; retry after a moment", retry
     if isinstance(cause, TimeoutError):
         return 504, "timeout", "the model did not answer in time", {}
-    if isinstance(cause, (DeploymentUnavailableError, RayServeException)) or type(cause).__name__ in (
-        "RayActorError",
-        "ActorDiedError",
-        "ActorUnavailableError",
-        "ReplicaUnavailableError",
-        "RequestCancelledError",
-        "TaskCancelledError",
-    ):
+    if isinstance(cause, UNAVAILABLE):
         logger.warning("translator unavailable: %s", type(cause).__name__)
         return 503, "unavailable", "the model is temporarily unavailable; retry after a moment", retry
     logger.exception("unexpected error", exc_info=error)

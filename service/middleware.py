@@ -15,18 +15,19 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ApiError, error_response, exception_response
+from service.errors import BodyTooLargeError, UnauthorizedError, exception_response
 
 OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
 PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
 PUBLIC_PREFIXES = ("/static/",)
 
 
-class BodyTooLargeError(StarletteHTTPException):
+class BodyLimitReached(StarletteHTTPException):
     """Raised while reading a body past the limit; an HTTPException so FastAPI passes it through."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request bodies are limited to {limit} bytes")
+        self.limit = limit
 
 
 def route_path(scope: Scope) -> str:
@@ -132,20 +133,13 @@ class ServiceMiddleware:
         if ingress.api_keys and self._needs_key(path, config.protect_operational_routes):
             headers = dict(scope["headers"])
             if not key_is_valid(presented_key(headers), ingress.api_keys):
-                response = error_response(
-                    401,
-                    "unauthorized",
-                    "a valid API key is required (Authorization: Bearer <key> or X-API-Key)",
-                    {"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
+                error = UnauthorizedError("a valid API key is required (Authorization: Bearer <key> or X-API-Key)")
+                await exception_response(error)(scope, receive, send)
                 return
         limit = config.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await error_response(413, "body_too_large", f"request bodies are limited to {limit} bytes")(
-                scope, receive, send
-            )
+            await exception_response(BodyTooLargeError(limit))(scope, receive, send)
             return
         received = 0
         response_started = False
@@ -156,7 +150,7 @@ class ServiceMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLargeError(limit)
+                    raise BodyLimitReached(limit)
             return message
 
         async def send_tracking(message: Message) -> None:
@@ -166,11 +160,9 @@ class ServiceMiddleware:
 
         try:
             await self.app(scope, receive_limited, send_tracking)
-        except BodyTooLargeError:
+        except BodyLimitReached:
             if not response_started:
-                await error_response(413, "body_too_large", f"request bodies are limited to {limit} bytes")(
-                    scope, receive, send
-                )
+                await exception_response(BodyTooLargeError(limit))(scope, receive, send)
 
     @staticmethod
     def _needs_key(path: str, protect_operational_routes: bool) -> bool:
@@ -179,4 +171,4 @@ class ServiceMiddleware:
         return not (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES))
 
 
-__all__ = ["ApiError", "ServiceMiddleware", "key_is_valid", "presented_key", "route_template"]
+__all__ = ["ServiceMiddleware", "key_is_valid", "presented_key", "route_template"]

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from model import DecodingOptions
 from service.explanations import MAX_ID_CHARS
 
 MAX_TEXTS = 64
@@ -18,7 +19,15 @@ MAX_LENGTH = 512
 
 AttentionLevel = Literal["none", "summary", "full"]
 AttentionKind = Literal["cross", "encoder_self"]
-Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+Text = Annotated[
+    str,
+    Field(
+        max_length=MAX_TEXT_CHARS,
+        description=f"At most {MAX_TEXT_CHARS} characters and at most the model's max_source_tokens sentencepiece "
+        "tokens (GET /v1/models; 256 for the shipped models, which English text reaches at about 800–950 characters "
+        "and Chinese at about 280–340): answered 413 input_too_long beyond either.",
+    ),
+]
 ModelId = Annotated[str, Field(min_length=1, max_length=64, description="A model id from GET /v1/models.")]
 Language = Annotated[str, Field(min_length=2, max_length=16, pattern=r"^[A-Za-z-]+$")]
 AlignmentPair = Annotated[list[int], Field(min_length=2, max_length=2, description="[source_index, target_index]")]
@@ -55,6 +64,10 @@ class TranslateRequest(ModelChoice):
             raise ValueError("n_best must not exceed beam_size")
         return self
 
+    def decoding_options(self) -> DecodingOptions:
+        """The engine's options for this request (the one options type, built here as vLLM builds its own)."""
+        return DecodingOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_length)
+
 
 class AttentionMaps(BaseModel):
     layer: int = Field(description="The decoder layer of `summary` (the alignment layer).")
@@ -83,7 +96,10 @@ class Hypothesis(BaseModel):
     word_alignment: list[AlignmentPair] = Field(description="[source_word_index, target_word_index] pairs.")
     source_words: list[str]
     target_words: list[str]
-    explanation_id: str = Field(description="Fetch the full explanation at GET /v1/explanations/{explanation_id}.")
+    explanation_id: str | None = Field(
+        description="Fetch the full explanation at GET /v1/explanations/{explanation_id}; null for a blank text "
+        '(translated to "" without running the model).'
+    )
     attention: AttentionMaps | None = None
 
 
@@ -204,7 +220,8 @@ class ModelInfo(BaseModel):
     alignment_head: int | None = Field(
         description="The head of alignment_layer trained with guided alignment; null: the layer's head average."
     )
-    max_source_tokens: int
+    max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")
+    max_text_characters: int = Field(description="The most characters a text may have.")
 
 
 class ModelsResponse(BaseModel):

@@ -1,8 +1,11 @@
-// The cross-attention views: the T×S heatmap and the alignment lines between the two sentences.
+// The cross-attention panel: the T×S heatmap for a chosen layer and head, the alignment lines between the
+// two sentences, and the selected target token they all highlight.
 
-import { $, $$, clamp, compact, el, fixed, svg } from "./dom.js";
+import { $, $$, clamp, compact, el, fixed, options, svg } from "./dom.js";
 import { t } from "./i18n.js";
-import { isCjk } from "./tokens.js";
+import { alignmentSource, languages, range, state } from "./state.js";
+import { buildView, headMatrix, isCjk } from "./tokens.js";
+import { renderConfidence } from "./translation.js";
 
 /**
  * Colour intensity of an attention weight: an absolute scale (0 → 1, the same for every head, so a head
@@ -191,3 +194,134 @@ export function drawAlignmentLines(view, selected) {
   );
 }
 
+
+// ---------------------------------------------------------------- the panel
+
+/**
+ * Open a new explanation on the alignment head (the map the served alignment is read from, as GET /v1/models
+ * states it) so heatmap and lines agree; a model without one aligns by its alignment layer's head average.
+ */
+export function showAttention(explanation) {
+  const layers = explanation.cross_attention.length;
+  const heads = explanation.cross_attention[0]?.length ?? 0;
+  const alignment = alignmentSource(explanation);
+  state.layer = clamp(alignment.layer ?? 0, 0, layers - 1);
+  state.head = alignment.head ?? "avg";
+  state.selectedPiece = null;
+  options($("#layer-select"), range(layers).map((l) => ({ value: l, label: `${l + 1} / ${layers}` })), state.layer);
+  options(
+    $("#head-select"),
+    [{ value: "avg", label: t("head_avg") }, ...range(heads).map((h) => ({ value: h, label: `${h + 1} / ${heads}` }))],
+    state.head,
+  );
+  describeAlignmentHead();
+  renderAttention();
+}
+
+/** One line under the attention controls: which layer and head the alignment is read from. */
+export function describeAlignmentHead() {
+  const e = state.explanation;
+  if (!e) return;
+  const { layer, head } = alignmentSource(e);
+  const note = $("#alignment-head-note");
+  if (layer === undefined || layer === null) {
+    note.textContent = "";
+    return;
+  }
+  note.textContent = head === null ? t("alignment_head_avg", { layer: layer + 1 }) : t("alignment_head", { layer: layer + 1, head: head + 1 });
+}
+
+/** After a language switch: the words of the panel that are not in index.html. */
+export function relabelAttention() {
+  const headSelect = $("#head-select");
+  if (headSelect.options[0]) headSelect.options[0].textContent = t("head_avg");
+  describeAlignmentHead();
+}
+
+/** Draw the chosen layer and head (or head average) as pieces or words: confidence, heatmap, alignment. */
+export function renderAttention() {
+  const e = state.explanation;
+  if (!e) return;
+  const matrix = headMatrix(e.cross_attention, state.layer, state.head);
+  const view = buildView(state.view, e.source_tokens, e.target_tokens, matrix, e.alignment ?? [], e.token_scores ?? state.translation?.token_scores);
+  // The word alignment the server computed (the same on a permalink as on the fresh translation).
+  const words = e.word_alignment ?? state.translation?.word_alignment;
+  const targetWords = e.target_words ?? state.translation?.target_words;
+  if (state.view === "words" && words && targetWords?.length === view.target.length) view.alignment = words;
+  state.current = view;
+  renderConfidence(view);
+  renderHeatmap($("#heatmap"), view, { showValues: $("#show-values").checked, ...languages() });
+  renderAlignment(view, languages());
+  applySelection();
+}
+
+/** Redraw the heatmap alone (numbers on or off), keeping the selection. */
+export function redrawHeatmap() {
+  if (!state.current) return;
+  renderHeatmap($("#heatmap"), state.current, { showValues: $("#show-values").checked, ...languages() });
+  applySelection();
+}
+
+export function redrawLines() {
+  if (state.current && !$("#results").hidden) drawAlignmentLines(state.current, selectedRow());
+}
+
+// ---------------------------------------------------------------- selection
+
+function selectedRow() {
+  if (state.selectedPiece === null || !state.current) return null;
+  const row = state.current.target.findIndex((token) => token.pieces.includes(state.selectedPiece));
+  return row < 0 ? null : row;
+}
+
+/** Select the target token of a row of the view on screen; false when there is none. */
+export function selectTarget(row) {
+  const token = state.current?.target[row];
+  if (!token) return false;
+  state.selectedPiece = token.pieces[0];
+  applySelection();
+  return true;
+}
+
+function applySelection() {
+  const view = state.current;
+  const row = selectedRow();
+  const aligned = new Set(row === null ? [] : view.alignment.filter(([, r]) => r === row).map(([s]) => s));
+  for (const node of $$(".tok-target")) {
+    const on = row !== null && Number(node.dataset.t) === row;
+    node.classList.toggle("selected", on);
+    node.setAttribute("aria-pressed", String(on));
+  }
+  for (const tr of $$("#heatmap tbody tr")) tr.classList.toggle("selected", row !== null && Number(tr.dataset.t) === row);
+  for (const cell of $$("#heatmap td.cell")) {
+    const on = row !== null && Number(cell.dataset.t) === row && aligned.has(Number(cell.dataset.s));
+    cell.classList.toggle("aligned", on);
+    if (on) cell.dataset.aligned = "true";
+    else delete cell.dataset.aligned;
+  }
+  for (const th of $$("#heatmap th.src-head")) th.classList.toggle("aligned", aligned.has(Number(th.dataset.s)));
+  const max = row === null ? 1 : Math.max(1e-9, ...view.matrix[row]);
+  for (const chip of $$("#align-source .align-token")) {
+    const s = Number(chip.dataset.s);
+    chip.classList.toggle("aligned", aligned.has(s));
+    if (row === null) chip.style.removeProperty("--w");
+    else chip.style.setProperty("--w", (view.matrix[row][s] / max).toFixed(3));
+    chip.classList.toggle("weighted", row !== null);
+    if (aligned.has(s)) chip.dataset.aligned = "true";
+    else delete chip.dataset.aligned;
+  }
+  redrawLines();
+  const summary = $("#selection-summary");
+  if (row === null) {
+    summary.textContent = t("select_hint");
+    return;
+  }
+  const quote = (s) => `“${view.source[s].label}”`;
+  const top = view.matrix[row]
+    .map((value, s) => [value, s])
+    .sort((a, b) => b[0] - a[0])
+    .slice(0, 3)
+    .map(([value, s]) => `${quote(s)} (${fixed(value, 2)})`)
+    .join(", ");
+  summary.textContent = t("selection", { target: view.target[row].label, aligned: [...aligned].map(quote).join(", ") || "—", top });
+}

@@ -1,8 +1,11 @@
 // The step-by-step panel: one head's attention for one query, X → Q, K, V → Q·Kᵀ → ÷√d_k, softmax → Σ weights·V,
 // drawn from the numbers of POST /v1/explain.
 
-import { el, fixed } from "./dom.js";
+import { explain, LatestRequest } from "./api.js";
+import { $, clamp, el, fixed, options } from "./dom.js";
 import { t } from "./i18n.js";
+import { languages, modelInfo, range, setStatus, state } from "./state.js";
+import { pieceLabel } from "./tokens.js";
 
 const MAX_COLUMNS = 48; // vectors wider than this are shown by their first dimensions
 
@@ -67,7 +70,7 @@ function step(id, title, formula, text, ...body) {
   );
 }
 
-export function renderSteps(container, data) {
+function renderSteps(container, data) {
   const { steps, keys, query, kind, sourceLang } = data;
   const dK = steps.d_k ?? steps.q.length;
   const sqrt = Math.sqrt(dK);
@@ -164,7 +167,6 @@ export function renderSteps(container, data) {
 
   const arrow = () => el("div", { class: "step-arrow", "aria-hidden": "true" }, "↓");
   container.replaceChildren(
-    data.note && el("p", { class: "note" }, data.note),
     el("p", { class: "steps-caption" }, `${kind === "cross" ? t("kind_cross") : t("kind_self")} · ${t("layer")} ${data.layer + 1} · ${t("head")} ${data.head + 1} · ${t("query_token")} “${query}” · d_k = ${dK}`),
     stepX,
     arrow(),
@@ -176,4 +178,119 @@ export function renderSteps(container, data) {
     arrow(),
     stepOutput,
   );
+}
+
+// ---------------------------------------------------------------- the panel
+
+const stepsRequests = new LatestRequest();
+
+/** A new explanation is on screen: forget the steps of the last one (and any still being computed). */
+export function resetSteps() {
+  stepsRequests.cancel();
+  state.steps = null;
+  $("#steps").hidden = true;
+  $("#steps").replaceChildren();
+  $("#steps-button").disabled = false;
+  setStatus(null, {}, "info", "#steps-status");
+  fillStepControls();
+}
+
+function encoderShape() {
+  const info = modelInfo(state.explanation.model);
+  const fromSteps = state.steps?.response?.encoder_self_attention;
+  return {
+    layers: info.encoder_layers ?? fromSteps?.length ?? state.explanation.cross_attention.length,
+    heads: info.encoder_attention_heads ?? fromSteps?.[0]?.length ?? state.explanation.cross_attention[0].length,
+  };
+}
+
+/** Layer, head and query choices for the chosen kind of attention, keeping what was chosen where it still exists. */
+export function fillStepControls() {
+  const e = state.explanation;
+  if (!e) return;
+  const kind = $("#steps-kind").value;
+  const shape = kind === "cross" ? { layers: e.cross_attention.length, heads: e.cross_attention[0].length } : encoderShape();
+  const layer = clamp(Number($("#steps-layer").value || state.layer), 0, shape.layers - 1);
+  const head = clamp(Number($("#steps-head").value || (state.head === "avg" ? 0 : state.head)), 0, shape.heads - 1);
+  options($("#steps-layer"), range(shape.layers).map((l) => ({ value: l, label: `${l + 1} / ${shape.layers}` })), layer);
+  options($("#steps-head"), range(shape.heads).map((h) => ({ value: h, label: `${h + 1} / ${shape.heads}` })), head);
+  const pieces = kind === "cross" ? e.target_tokens : e.source_tokens;
+  const previous = Number($("#steps-position").value || 0);
+  options(
+    $("#steps-position"),
+    pieces.map((p, i) => ({ value: i, label: `${i + 1}: ${pieceLabel(p)}` })),
+    clamp(previous, 0, pieces.length - 1),
+  );
+}
+
+/** Follow the token selected in the other panels: its position (cross) or the source piece aligned with it. */
+export function syncStepsToSelection() {
+  if (state.selectedPiece === null || !state.explanation) return;
+  const kind = $("#steps-kind").value;
+  let position = state.selectedPiece;
+  if (kind === "encoder_self") {
+    const pair = (state.explanation.alignment ?? []).find(([, tgt]) => tgt === state.selectedPiece);
+    position = pair ? pair[0] : 0;
+  } else {
+    $("#steps-layer").value = String(state.layer);
+    if (state.head !== "avg") $("#steps-head").value = String(state.head);
+  }
+  $("#steps-position").value = String(position);
+  if (!$("#steps").hidden) loadSteps();
+}
+
+export async function loadSteps(event) {
+  event?.preventDefault();
+  if (!state.explanation) return;
+  const request = {
+    explanation_id: state.explanationId, // exactly the tokens the decoder wrote
+    kind: $("#steps-kind").value,
+    layer: Number($("#steps-layer").value),
+    head: Number($("#steps-head").value),
+    position: Number($("#steps-position").value),
+  };
+  const pending = stepsRequests.begin();
+  setStatus("computing", {}, "info", "#steps-status");
+  $("#steps-button").disabled = true;
+  try {
+    const response = await explain(request, pending.signal);
+    if (!pending.current()) return;
+    state.steps = { request, response };
+    drawSteps();
+    setStatus(null, {}, "info", "#steps-status");
+  } catch (error) {
+    if (!pending.current()) return;
+    state.steps = null;
+    $("#steps").hidden = true;
+    $("#steps").replaceChildren(); // never leave the numbers of another query on screen
+    setStatus("error", { message: error.message }, "error", "#steps-status");
+  } finally {
+    pending.done();
+    if (pending.current()) $("#steps-button").disabled = false;
+  }
+}
+
+/** Draw the steps on screen again (after a language switch too). */
+export function drawSteps() {
+  if (!state.steps) return;
+  const { request, response } = state.steps;
+  const e = state.explanation;
+  const sourceTokens = response.source_tokens ?? e.source_tokens;
+  const targetTokens = response.target_tokens ?? e.target_tokens;
+  const keys = sourceTokens.map(pieceLabel);
+  const query = request.kind === "cross" ? targetTokens[request.position] : sourceTokens[request.position];
+  const container = $("#steps");
+  container.hidden = false;
+  renderSteps(container, {
+    kind: request.kind,
+    layer: request.layer,
+    head: request.head,
+    position: request.position,
+    query: query === undefined ? "?" : pieceLabel(query),
+    keys,
+    steps: response.steps,
+    ...languages(),
+    map: (request.kind === "cross" ? response.cross_attention : response.encoder_self_attention)?.[request.layer]?.[request.head],
+    mapLabels: (request.kind === "cross" ? targetTokens : sourceTokens).map(pieceLabel),
+  });
 }

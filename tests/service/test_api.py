@@ -250,3 +250,13 @@ def test_metrics_are_prometheus_text(client):
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     assert "translation_http_requests_total" in response.text
+
+
+def test_blank_texts_translate_to_nothing_without_running_the_model(client):
+    texts = ["", "   \t\n ", "I like tea."]
+    together = translate(client, texts, max_length=6)["translations"]
+    alone = translate(client, ["I like tea."], max_length=6)["translations"][0]
+    for blank in together[:2]:
+        assert blank["text"] == "" and blank["target_tokens"] == [] and blank["explanation_id"] is None
+        assert blank["alignment"] == [] and blank["score"] == 0.0
+    assert together[2]["target_tokens"] == alone["target_tokens"]  # the others are untouched

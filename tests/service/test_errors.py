@@ -107,7 +107,12 @@ def test_a_streamed_body_over_the_limit_is_413(client):
 def test_a_text_longer_than_the_model_allows_is_413(client):
     # 2,000 characters are within the request limit but far beyond the tiny model's 128 positions
     text = " ".join(["tomorrow"] * 222)
-    assert_error(client.post("/v1/translate", json={"texts": [text], **EN_ZH}), 413, "input_too_long")
+    response = client.post("/v1/translate", json={"texts": [text], **EN_ZH})
+    assert_error(response, 413, "input_too_long")
+    # the message names both limits, as /v1/models states them
+    info = next(m for m in client.get("/v1/models").json()["models"] if m["id"] == "en-zh")
+    message = response.json()["error"]["message"]
+    assert f"{info['max_text_characters']} characters" in message and f"{info['max_source_tokens']} tokens" in message
 
 
 def test_max_length_beyond_the_model_is_413(client):

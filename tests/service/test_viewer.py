@@ -7,7 +7,10 @@ go to artifacts/viewer/ (ignored by git).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +36,8 @@ LONG_SENTENCE = {
     "zh": "今天早上外面很冷，所以我的朋友们都在家里喝热茶、读书，小猫坐在红色的垫子上看着窗外的大树和小河。",
 }
 TIMEOUT_MS = 120_000  # a first translation on a loaded 2-core machine can take a while
+# What a script leaves on screen when it renders a missing value; ASCII-letter boundaries, so Chinese counts too.
+PLACEHOLDER_WORDS = re.compile(r"(?<![A-Za-z])(undefined|NaN|null)(?![A-Za-z])")
 
 pytestmark = [
     pytest.mark.slow,
@@ -101,7 +106,7 @@ def translate(page, model: dict, text: str | None = None, beam_size: int = 2, n_
     page.click("#translate-button")
     page.wait_for_selector("#heatmap td.cell")
     page.wait_for_selector("#translate-button:not([disabled])")
-    return page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
+    return location_explanation_id(page)
 
 
 def numbers(page, selector: str, *fields: str) -> list:
@@ -132,6 +137,50 @@ def show_steps(page) -> str | None:
 def screenshot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def look_at(page, name: str) -> None:
+    """Screenshot the screen, then check that none of its visible text is a missing value ("undefined", ...)."""
+    screenshot(page, name)
+    text = page.evaluate("document.body.innerText")
+    lines = [line for line in text.splitlines() if PLACEHOLDER_WORDS.search(line)]
+    assert lines == [], f"{name}: {lines}"
+
+
+def hold_first(page, pattern: str) -> list:
+    """Hold back the first request matching `pattern` (later ones go through); it lands in the returned list."""
+    held: list = []
+
+    def handle(route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route(pattern, handle)
+    return held
+
+
+def wait_until_held(page, held: list) -> None:
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not held:
+        assert time.monotonic() < deadline, "the request to hold back was never sent"
+        page.wait_for_timeout(50)  # lets Playwright dispatch the route
+
+
+def release(page, route) -> None:
+    """Let a held request go on and wait until its answer reached the page (unless the page aborted it)."""
+    with contextlib.suppress(sync_api.Error):  # an aborted request can no longer be continued
+        route.continue_()
+    with contextlib.suppress(sync_api.Error):
+        response = route.request.response()  # None when the request failed (aborted)
+        if response is not None:
+            response.finished()
+    page.wait_for_timeout(300)  # the page's own handlers run after the body arrived
+
+
+def location_explanation_id(page) -> str:
+    return page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
 
 
 def alignment_map(explanation: dict) -> list:
@@ -179,7 +228,10 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     # Confidence: one probability per target token, exp(log-probability).
     probabilities = numbers(page, "#confidence [data-prob]", "prob")
     assert probabilities == pytest.approx([2.718281828459045**score for score in explanation["token_scores"]], rel=1e-6)
-    screenshot(page, "heatmap-light-en")
+    # The sentencepiece marks shown on tokens ("·" joins a piece to the word before, "␣" a lone space) are explained.
+    legend = page.locator("#token-legend")
+    assert legend.is_visible() and "·" in legend.inner_text() and "␣" in legend.inner_text()
+    look_at(page, "heatmap-light-en")
 
     # The word view merges pieces into the service's words; every row still sums to 1.
     page.check("input[name=view][value=words]")
@@ -200,7 +252,7 @@ def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
     second = choices.nth(1)
     second.click()
     page.wait_for_selector("#alternatives button.alt-choice[data-rank='1'][aria-pressed=true]")
-    explanation_id = page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
+    explanation_id = location_explanation_id(page)
     explanation = api.get(f"/v1/explanations/{explanation_id}").json()
     assert page.inner_text("#translation-text") == explanation["translation"] == second.inner_text()
     expected = alignment_map(explanation)
@@ -208,6 +260,41 @@ def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
     assert len(cells) == len(expected) * len(expected[0])
     for (t, s), value in cells.items():
         assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
+    look_at(page, "alternatives-light-en")
+
+
+def test_a_late_explanation_of_an_earlier_choice_never_replaces_a_later_one(page, api, model):
+    translate(page, model, beam_size=3, n_best=3)
+    choices = page.locator("#alternatives button.alt-choice")
+    assert choices.count() >= 2
+    held = hold_first(page, "**/v1/explanations/**")
+    choices.nth(1).click()  # its explanation is held back ...
+    wait_until_held(page, held)
+    later = 2 if choices.count() > 2 else 0  # ... while another choice (or the one on screen) comes after it
+    choices.nth(later).click()
+    page.wait_for_selector(f"#alternatives button.alt-choice[data-rank='{later}'][aria-pressed=true]")
+    release(page, held[0])
+
+    assert page.get_attribute("#alternatives button.alt-choice[data-rank='1']", "aria-pressed") == "false"
+    assert page.get_attribute(f"#alternatives button.alt-choice[data-rank='{later}']", "aria-pressed") == "true"
+    explanation = api.get(f"/v1/explanations/{location_explanation_id(page)}").json()
+    assert page.inner_text("#translation-text") == explanation["translation"] == choices.nth(later).inner_text()
+    assert page.inner_text("#status") == ""  # not left saying it is still fetching
+
+
+def test_steps_asked_for_before_a_new_explanation_never_appear_with_it(page, api, model):
+    translate(page, model, beam_size=3, n_best=3)
+    held = hold_first(page, "**/v1/explain")
+    page.click("#steps-button")
+    wait_until_held(page, held)
+    page.locator("#alternatives button.alt-choice").nth(1).click()  # a new explanation while the steps compute
+    page.wait_for_selector("#alternatives button.alt-choice[data-rank='1'][aria-pressed=true]")
+    release(page, held[0])
+
+    assert page.locator("#steps").is_hidden()
+    assert page.locator("#steps .step").count() == 0
+    assert page.is_enabled("#steps-button")
+    assert page.inner_text("#steps-status") == ""
 
 
 def test_clicking_a_target_token_highlights_the_source_tokens_it_is_aligned_with(page, api, model):
@@ -225,7 +312,7 @@ def test_clicking_a_target_token_highlights_the_source_tokens_it_is_aligned_with
     page.keyboard.press("Enter")
     row = page.evaluate("Number(document.activeElement.dataset.t)")
     assert page.get_attribute(f"#heatmap button.tok-target[data-t='{row}']", "aria-pressed") == "true"
-    screenshot(page, "alignment-light-en")
+    look_at(page, "alignment-light-en")
 
 
 @pytest.mark.parametrize("kind", ["cross", "encoder_self"])
@@ -251,7 +338,7 @@ def test_step_by_step_shows_the_weights_of_the_api(page, api, model, kind):
     assert numbers(page, "#step-scores .score-row", "value") == pytest.approx(steps["scores"], abs=1e-9)
     # Each of the five steps is on the page with its formula.
     assert page.locator("#steps .step .formula").count() == 5
-    screenshot(page, f"steps-{kind}-light-en")
+    look_at(page, f"steps-{kind}-light-en")
 
 
 @pytest.mark.parametrize("color_scheme", ["light", "dark"])
@@ -272,12 +359,39 @@ def test_long_sentence_renders_in_both_color_schemes_and_interface_languages(
             assert page.locator("#step-weights").count() == 0
         # Long sentences scroll inside their panels; the page itself never grows sideways.
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-        screenshot(page, f"long-{color_scheme}-{locale}")
+        look_at(page, f"long-{color_scheme}-{locale}")
 
         # The toggle switches the interface language without translating again.
         page.click("#ui-lang")
         assert page.inner_text("h1") == ("Attention Translate" if chinese else "注意力翻译")
         assert page.locator("#heatmap td.cell").count() > 0
+        look_at(page, f"long-{color_scheme}-{locale}-switched")
     finally:
         context.close()
     assert errors == [], errors
+
+
+def test_api_docs_render_offline_from_the_services_own_files(browser, service_url):
+    """/docs with every request outside the service refused: Swagger UI comes from the service itself."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    refused: list[str] = []
+
+    def only_the_service(route) -> None:
+        if route.request.url.startswith(service_url + "/"):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort()
+
+    try:
+        context.route("**/*", only_the_service)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(service_url + "/docs")
+        operation = page.locator(".opblock-post", has=page.locator(".opblock-summary-path", has_text="/v1/translate"))
+        operation.first.wait_for(state="visible")
+        assert operation.first.locator(".opblock-summary-method").inner_text() == "POST"
+        screenshot(page, "docs-offline")
+    finally:
+        context.close()
+    assert refused == []
