@@ -103,11 +103,28 @@ translator; serve an OPUS-MT model (see the top-level README) for real traffic.
 
 
 def _stage(number: int, count: int, command: str, summary: dict) -> str:
-    history = "\n".join(
-        f"| {r['epoch']} | {r['step']} | {r['train_loss']} | {r.get('bleu', '')} | {r.get('chrf', '')} "
-        f"| {r['minutes']} |"
-        for r in summary["history"]
-    )
+    guided = any("dev_aer" in r for r in summary["history"])
+    columns = ["epoch", "updates", "train loss (label-smoothed)", "dev BLEU (greedy, first 300 sources)", "chrF"]
+    if guided:
+        columns += [
+            "guided-alignment loss",
+            "alignment head: entropy (dev)",
+            "AER vs eflomal (dev, first 300)",
+            "AER vs gold",
+        ]
+    columns.append("minutes")
+    rows = []
+    for r in summary["history"]:
+        cells = [r["epoch"], r["step"], r["train_loss"], r.get("bleu", ""), r.get("chrf", "")]
+        if guided:
+            cells += [
+                r.get("alignment_loss", ""),
+                r.get("dev_entropy", ""),
+                r.get("dev_aer", ""),
+                r.get("gold_aer", ""),
+            ]
+        cells.append(r["minutes"])
+        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     title = f"### Stage {number} of {count}\n" if count > 1 else ""
     return f"""{title}```bash
 {command}
@@ -115,9 +132,9 @@ def _stage(number: int, count: int, command: str, summary: dict) -> str:
 {summary["epochs"]} epochs ({summary["steps"]} updates, {summary["minutes"]} minutes on 2 CPU cores shared with other
 work, bf16 autocast).
 
-| epoch | updates | train loss (label-smoothed) | dev BLEU (greedy, first 300 sources) | chrF | minutes |
-|---|---|---|---|---|---|
-{history}"""
+| {" | ".join(columns)} |
+|{"---|" * len(columns)}
+{chr(10).join(rows)}"""
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ def test_round_trip_preserves_every_tensor(model_dir, tmp_path):
     model = load_model(model_dir)
     save_model(model, tmp_path / "copy")
     again = load_model(tmp_path / "copy")
-    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), name
+    for (name, a), (name_again, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert name == name_again
+        assert a.dtype == b.dtype and torch.equal(a, b), name
 
 
 def test_half_precision_file_loads_in_the_requested_dtype(model_dir, tmp_path):

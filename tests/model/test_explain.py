@@ -1,8 +1,10 @@
-"""Explanations are the model's own numbers: forced decoding reproduces the search, steps add up."""
+"""Explanations are the model's own numbers: forced decoding reproduces the search, and every step
+of one head's attention equals what transformers' MarianMTModel (the independent oracle) computes."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -11,12 +13,17 @@ from model import InvalidInputError, Translator
 from model.explain import attention_steps, forced_decode
 from tests.tiny import make_model_dir
 
+transformers = pytest.importorskip("transformers")
+
 
 @pytest.fixture(scope="module")
-def translator(tmp_path_factory):
-    return Translator.from_pretrained(
-        make_model_dir(tmp_path_factory.mktemp("explain"), shared=False, seed=4), device="cpu"
-    )
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("explain"), shared=False, seed=4)
+
+
+@pytest.fixture(scope="module")
+def translator(model_dir):
+    return Translator.from_pretrained(model_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +31,83 @@ def translation(translator):
     return translator.translate(["The quick brown fox sat on the mat."], beam_size=3, return_attention=True)[0]
 
 
-def test_forced_decoding_reproduces_the_search_attention(translator, translation):
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return transformers.MarianMTModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+
+
+def run_reference(reference, translation):
+    """The oracle teacher-forced on the translation (batch of one)."""
+    decoder_input = [reference.config.decoder_start_token_id, *translation.target_ids[:-1]]
+    return reference(
+        input_ids=torch.tensor([translation.source_ids]),
+        decoder_input_ids=torch.tensor([decoder_input]),
+        output_attentions=True,
+        use_cache=False,
+    )
+
+
+@dataclass
+class ReferenceLayer:
+    """One attention layer of the oracle: what its projections received and returned, and its weights."""
+
+    query_input: torch.Tensor  # (queries, d_model) the vectors queries are projected from
+    key_input: torch.Tensor  # (S, d_model) the vectors keys and values are projected from
+    q: torch.Tensor  # (queries, d_model) every head's query, side by side
+    k: torch.Tensor  # (S, d_model)
+    v: torch.Tensor  # (S, d_model)
+    heads_output: torch.Tensor  # (queries, d_model) every head's Σ weights·V, before the output projection
+    weights: torch.Tensor  # (heads, queries, S)
+
+
+def reference_layer(reference, translation, kind: str, layer: int) -> ReferenceLayer:
+    if kind == "cross":
+        attention = reference.model.decoder.layers[layer].encoder_attn
+    else:
+        attention = reference.model.encoder.layers[layer].self_attn
+    seen: dict[str, torch.Tensor] = {}
+
+    def record(name: str, tensor: torch.Tensor) -> None:  # returns None: the oracle's computation is left as is
+        seen[name] = tensor[0].detach().clone()  # batch row 0
+
+    hooks = [attention.out_proj.register_forward_pre_hook(lambda _module, inputs: record("heads_output", inputs[0]))]
+    for name in ("q", "k", "v"):
+        projection = getattr(attention, f"{name}_proj")
+        hooks.append(
+            projection.register_forward_pre_hook(lambda _m, inputs, name=name: record(name + "_in", inputs[0]))
+        )
+        hooks.append(projection.register_forward_hook(lambda _m, _inputs, output, name=name: record(name, output)))
+    try:
+        with torch.no_grad():
+            output = run_reference(reference, translation)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    weights = (output.cross_attentions if kind == "cross" else output.encoder_attentions)[layer][0]
+    return ReferenceLayer(seen["q_in"], seen["k_in"], seen["q"], seen["k"], seen["v"], seen["heads_output"], weights)
+
+
+def test_forced_decoding_reproduces_the_search(translator, translation):
     forced = forced_decode(translator.model, translation.source_ids, translation.target_ids)
     assert torch.allclose(forced.cross_attention, translation.cross_attention, atol=1e-5)
-    natural = [lp for lp, _ in zip(forced.token_logprobs, translation.token_logprobs)]
-    assert natural[:-1] == pytest.approx(translation.token_logprobs[:-1], abs=1e-4)
+    # the search closed this output at its length budget with a forced </s> (log-probability 0);
+    # every earlier token is the model's own choice, with the log-probability teacher forcing gives it
+    assert translation.target_ids[-1] == translator.config.eos_token_id and translation.token_logprobs[-1] == 0.0
+    assert len(forced.token_logprobs) == len(translation.token_logprobs)
+    assert forced.token_logprobs[:-1] == pytest.approx(translation.token_logprobs[:-1], abs=1e-4)
+
+
+def test_forced_decoding_gives_the_oracles_maps_and_log_probabilities(translator, translation, reference):
+    forced = forced_decode(translator.model, translation.source_ids, translation.target_ids)
+    with torch.no_grad():
+        expected = run_reference(reference, translation)
+    logprobs = torch.log_softmax(expected.logits[0], dim=-1)
+    target = torch.tensor(translation.target_ids)
+    assert forced.token_logprobs == pytest.approx(logprobs[torch.arange(len(target)), target].tolist(), abs=1e-4)
+    assert torch.allclose(forced.cross_attention, torch.stack([a[0] for a in expected.cross_attentions]), atol=1e-5)
+    assert torch.allclose(
+        forced.encoder_self_attention, torch.stack([a[0] for a in expected.encoder_attentions]), atol=1e-5
+    )
 
 
 def test_encoder_self_attention_rows_are_distributions(translator, translation):
@@ -41,16 +120,36 @@ def test_encoder_self_attention_rows_are_distributions(translator, translation):
 
 
 @pytest.mark.parametrize("kind", ["cross", "encoder_self"])
-def test_steps_are_consistent_with_each_other(translator, translation, kind):
+def test_every_step_is_the_oracles_number(translator, translation, reference, kind):
+    layer, head, position = 1, 2, 1
     steps = attention_steps(
-        translator.model, translation.source_ids, translation.target_ids, kind, layer=1, head=2, position=1
+        translator.model,
+        translation.source_ids,
+        translation.target_ids,
+        kind,
+        layer=layer,
+        head=head,
+        position=position,
     )
-    assert steps.d_k == translator.config.d_model // 4
-    assert torch.allclose(steps.scores, steps.k @ steps.q, atol=1e-4)
-    assert torch.allclose(steps.scaled_scores, steps.scores / math.sqrt(steps.d_k), atol=1e-4)
-    assert torch.allclose(steps.weights, torch.softmax(steps.scaled_scores, -1), atol=1e-4)
-    assert torch.allclose(steps.output, steps.weights @ steps.v, atol=1e-4)
-    assert steps.x.shape == (len(translation.source_ids), translator.config.d_model)
+    expected = reference_layer(reference, translation, kind, layer)
+    heads = expected.weights.shape[0]
+    d_k = translator.config.d_model // heads
+    columns = slice(head * d_k, (head + 1) * d_k)  # this head's share of every projection
+
+    def close(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+        return ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+    assert steps.d_k == d_k
+    assert close(steps.x_query, expected.query_input[position])
+    assert close(steps.x, expected.key_input)
+    assert close(steps.q, expected.q[position, columns])
+    assert close(steps.k, expected.k[:, columns])
+    assert close(steps.v, expected.v[:, columns])
+    scores = expected.k[:, columns] @ expected.q[position, columns]  # Q·Kᵀ on the oracle's own Q and K
+    assert close(steps.scores, scores)
+    assert close(steps.scaled_scores, scores / math.sqrt(d_k))
+    assert close(steps.weights, expected.weights[head, position])
+    assert close(steps.output, expected.heads_output[position, columns])
 
 
 def test_cross_steps_weights_equal_the_translation_map(translator, translation):

@@ -52,7 +52,7 @@ def test_mixed_length_batch_decodes_as_each_input_alone(translator, beam_size):
     ids = translator.encode_source(SENTENCES[:8])
     assert len({len(row) for row in ids}) > 2, "inputs must have mixed lengths"
     batched = translator.generate(ids, beam_size=beam_size, max_new_tokens=20, return_attention=True)
-    for source, together in zip(ids, batched):
+    for source, together in zip(ids, batched, strict=True):
         alone = translator.generate([source], beam_size=beam_size, max_new_tokens=20, return_attention=True)[0]
         assert together[0].token_ids == alone[0].token_ids
         assert together[0].score == pytest.approx(alone[0].score, abs=1e-4)
@@ -61,7 +61,9 @@ def test_mixed_length_batch_decodes_as_each_input_alone(translator, beam_size):
 
 def test_cross_attention_is_a_distribution_over_real_source_tokens(translator):
     ids = translator.encode_source(SENTENCES[:5])
-    for source, hypotheses in zip(ids, translator.generate(ids, beam_size=3, max_new_tokens=12, return_attention=True)):
+    for source, hypotheses in zip(
+        ids, translator.generate(ids, beam_size=3, max_new_tokens=12, return_attention=True), strict=True
+    ):
         attention = hypotheses[0].cross_attention
         config = translator.config
         assert attention.shape == (
@@ -99,7 +101,13 @@ def test_pad_is_never_generated_and_every_output_ends_with_eos(translator):
 
 
 def test_default_length_budget_grows_with_the_source(translator):
-    short, long = translator.encode_source(["The cat.", " ".join(["the big red dog"] * 10)])
-    results = translator.generate([short, long], beam_size=1)
-    assert len(results[0][0].token_ids) <= 2 * len(short) + 10
-    assert len(results[1][0].token_ids) <= 2 * len(long) + 10
+    texts = ["The cat.", "The big red dog sat on the mat.", " ".join(["the big red dog"] * 6)]
+    sources = translator.encode_source(texts)
+    assert [len(ids) for ids in sources] == sorted({len(ids) for ids in sources}), "sources must grow"
+    # </s> banned until the budget forces it: each output is exactly as long as its budget allows
+    results = translator.generate(sources, beam_size=1, min_new_tokens=10_000)
+    lengths = [len(hypotheses[0].token_ids) for hypotheses in results]
+    assert lengths == sorted(set(lengths)), f"budgets {lengths} do not grow with sources {list(map(len, sources))}"
+    for source, length in zip(sources, lengths, strict=True):
+        assert len(source) <= length <= 2 * len(source) + 10  # generous, and bounded as documented
+    assert lengths[-1] > 2 * len(sources[0]) + 10  # longer than the shortest source's budget could ever allow

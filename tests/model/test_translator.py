@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
+from model.explain import forced_decode
 from model.tokenizer import word_groups
 from model.translator import token_alignment
-from tests.tiny import make_model_dir
+from tests.tiny import make_model_dir, synthetic_corpus
+
+ALIGNMENT_SENTENCES = [english for english, _ in synthetic_corpus(count=8, seed=11)]
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +38,57 @@ def test_translation_carries_tokens_scores_alignment(translator):
     assert result.cross_attention is None  # only when asked for
 
 
-def test_alignment_follows_the_penultimate_layer_head_average(translator):
-    result = translator.translate(["We like tea and coffee today."], beam_size=1, return_attention=True)[0]
-    layer = max(0, translator.config.decoder_layers - 2)
-    expected = result.cross_attention[layer].mean(0).argmax(-1).tolist()
-    assert [s for s, _ in result.alignment] == expected
-    assert token_alignment(result.cross_attention, layer) == result.alignment
+def oracle_cross_attention(directory, translations) -> list[torch.Tensor]:
+    """transformers' MarianMTModel on the same directory, teacher-forced on each translation's output:
+    its cross-attention maps, (decoder_layers, heads, T, S) per translation."""
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.MarianMTModel.from_pretrained(directory, attn_implementation="eager").eval()
+    maps = []
+    for translation in translations:
+        decoder_input = [reference.config.decoder_start_token_id, *translation.target_ids[:-1]]
+        with torch.no_grad():
+            output = reference(
+                input_ids=torch.tensor([translation.source_ids]),
+                decoder_input_ids=torch.tensor([decoder_input]),
+                output_attentions=True,
+            )
+        maps.append(torch.stack([layer[0] for layer in output.cross_attentions]))
+    return maps
+
+
+def most_attended(attention: torch.Tensor) -> list[tuple[int, int]]:
+    """(source, target) links: for each target token (row of a (T, S) map), the source token it weighs
+    most among all but the source's final </s>."""
+    return [(source, target) for target, source in enumerate(attention[:, :-1].argmax(dim=-1).tolist())]
+
+
+def test_alignment_follows_the_penultimate_layer_head_average(model_dir, translator):
+    translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
+    maps = oracle_cross_attention(model_dir, translations)
+    penultimate = translator.config.decoder_layers - 2
+    for translation, attention in zip(translations, maps, strict=True):
+        assert translation.alignment == most_attended(attention[penultimate].mean(0))
+        assert token_alignment(attention, penultimate) == translation.alignment
+        assert all(source < len(translation.source_ids) - 1 for source, _ in translation.alignment)
+    # the sentences tell the wrong readings apart: the last layer, one head, </s> taken for a word
+    assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[-1].mean(0)) for a in maps)
+    assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[penultimate, 0]) for a in maps)
+    assert any((a[penultimate].mean(0).argmax(dim=-1) == a.shape[-1] - 1).any() for a in maps)
+
+
+def test_a_declared_alignment_head_is_read_alone(tmp_path_factory):
+    directory = make_model_dir(
+        tmp_path_factory.mktemp("alignment-head"), shared=True, seed=7, alignment_layer=1, alignment_head=2
+    )
+    translator = Translator.from_pretrained(directory, device="cpu")
+    translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
+    maps = oracle_cross_attention(directory, translations)
+    for translation, attention in zip(translations, maps, strict=True):
+        assert translation.alignment == most_attended(attention[1, 2])
+        assert token_alignment(attention, 1, 2) == translation.alignment
+    # the sentences tell the wrong readings apart: the layer's head average, another layer's head
+    assert any(most_attended(a[1, 2]) != most_attended(a[1].mean(0)) for a in maps)
+    assert any(most_attended(a[1, 2]) != most_attended(a[0, 2]) for a in maps)
 
 
 def test_word_alignment_covers_every_target_word(translator):
@@ -76,10 +124,20 @@ def test_unknown_model_lists_what_is_available():
         Translator.from_pretrained("xx-yy")
 
 
-def test_dtype_and_device_are_honoured(model_dir):
-    translator = Translator.from_pretrained(model_dir, device="cpu", dtype=torch.bfloat16)
-    assert translator.device.type == "cpu"
-    assert translator.translate(["The cat."], beam_size=1)[0].target_tokens
+def test_dtype_and_device_are_honoured(model_dir, translator):
+    fast = Translator.from_pretrained(model_dir, device="cpu", dtype=torch.bfloat16)
+    matrices = [p for p in fast.model.parameters() if p.dim() == 2]  # linear layers and embeddings
+    assert matrices and all(p.dtype == torch.bfloat16 for p in matrices)
+    assert all(p.dtype == torch.float32 for p in translator.model.parameters())
+    tensors = [*fast.model.parameters(), *fast.model.buffers()]
+    assert all(t.device.type == "cpu" for t in tensors)
+    # the same model, computed in bf16: the float32 translation's log-probabilities, rounded but close
+    translation = translator.translate(["The cat sat on the mat."], beam_size=1)[0]
+    exact = forced_decode(translator.model, translation.source_ids, translation.target_ids).token_logprobs
+    rounded = forced_decode(fast.model, translation.source_ids, translation.target_ids).token_logprobs
+    assert rounded != exact
+    assert rounded == pytest.approx(exact, abs=0.05)
+    assert fast.translate(["The cat."], beam_size=1)[0].target_tokens
 
 
 def test_cli_prints_json_with_attention(model_dir):

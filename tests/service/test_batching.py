@@ -1,4 +1,8 @@
-"""The translator's batch queue (service/batching.py), driven by a real asyncio loop."""
+"""The translator's batch queue (service/batching.py), driven by a real asyncio loop.
+
+Events are ordered with asyncio.Event, never with sleeps: `submitted` returns once the queue holds
+an item; the Recorder tells when a batch reached the handler and holds it there until released.
+"""
 
 import asyncio
 
@@ -8,10 +12,11 @@ from service.batching import BatchQueue
 
 
 class Recorder:
-    """A batch handler that records its batches and can be held until released."""
+    """A batch handler that records its batches (and how long their items waited) and can be held until released."""
 
     def __init__(self) -> None:
         self.batches: list[list] = []
+        self.waits: list[list[float]] = []
         self.release = asyncio.Event()
         self.release.set()
         self.started = asyncio.Event()
@@ -19,6 +24,7 @@ class Recorder:
     async def __call__(self, items: list, waits: list[float]) -> list:
         assert len(waits) == len(items) and all(w >= 0 for w in waits)
         self.batches.append(list(items))
+        self.waits.append(list(waits))
         self.started.set()
         await self.release.wait()
         return [ValueError(f"bad {item}") if str(item).startswith("bad") else f"done {item}" for item in items]
@@ -26,6 +32,23 @@ class Recorder:
 
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 10))
+
+
+async def submitted(queue: BatchQueue, item, group=None) -> asyncio.Task:
+    """Submit `item` from a task of its own; return that task once the queue holds the item.
+
+    submit() queues its item before it first suspends, so the event set just before the call
+    wakes us only after the item is in the queue.
+    """
+    queued = asyncio.Event()
+
+    async def submit():
+        queued.set()
+        return await queue.submit(item, group=group)
+
+    task = asyncio.create_task(submit())
+    await queued.wait()
+    return task
 
 
 async def busy_queue(handler: Recorder, first, group=None) -> tuple[BatchQueue, asyncio.Task]:
@@ -41,9 +64,8 @@ def test_the_next_batch_takes_everything_that_arrived_while_the_engine_was_busy(
     async def scenario():
         handler = Recorder()
         queue, first = await busy_queue(handler, 0)
-        rest = [asyncio.create_task(queue.submit(i)) for i in range(1, 21)]
-        await asyncio.sleep(0.05)  # the engine is busy: nothing new may start
-        assert len(handler.batches) == 1
+        rest = [await submitted(queue, i) for i in range(1, 21)]
+        assert len(handler.batches) == 1  # the engine is busy: nothing new may start
         handler.release.set()
         results = await asyncio.gather(first, *rest)
         assert results == [f"done {i}" for i in range(21)]
@@ -53,13 +75,24 @@ def test_the_next_batch_takes_everything_that_arrived_while_the_engine_was_busy(
     run(scenario())
 
 
-def test_items_submitted_together_share_one_batch_within_the_wait():
+def test_items_arriving_one_by_one_within_the_wait_share_one_batch():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=8, wait_s=0.2)
-        results = await asyncio.gather(*(queue.submit(i) for i in range(5)))
-        assert results == [f"done {i}" for i in range(5)]
+        # a wait far longer than the test may run: only a full batch can leave in time
+        queue = BatchQueue(handler, max_batch_size=5, wait_s=60)
+        tasks = [await submitted(queue, i) for i in range(5)]  # each arrives after the queue saw the last
+        assert await asyncio.gather(*tasks) == [f"done {i}" for i in range(5)]
         assert handler.batches == [[0, 1, 2, 3, 4]]
+
+    run(scenario())
+
+
+def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_over():
+    async def scenario():
+        handler = Recorder()
+        queue = BatchQueue(handler, max_batch_size=8, wait_s=0.05)
+        assert await asyncio.gather(*(queue.submit(i) for i in range(3))) == ["done 0", "done 1", "done 2"]
+        assert handler.batches == [[0, 1, 2]]
 
     run(scenario())
 
@@ -69,10 +102,9 @@ def test_a_batch_holds_one_group_and_the_oldest_item_goes_first():
         handler = Recorder()
         queue, blocker = await busy_queue(handler, "first", group="beam4")
         tasks = [
-            asyncio.create_task(queue.submit(name, group=group))
+            await submitted(queue, name, group)
             for name, group in [("a", "greedy"), ("b", "beam4"), ("c", "greedy"), ("d", "beam4")]
         ]
-        await asyncio.sleep(0.01)
         handler.release.set()
         await asyncio.gather(blocker, *tasks)
         assert handler.batches == [["first"], ["a", "c"], ["b", "d"]]
@@ -113,9 +145,8 @@ def test_an_item_cancelled_while_queued_never_reaches_the_engine():
     async def scenario():
         handler = Recorder()
         queue, blocker = await busy_queue(handler, "first")
-        gone = asyncio.create_task(queue.submit("gone"))
-        kept = asyncio.create_task(queue.submit("kept"))
-        await asyncio.sleep(0.01)
+        gone = await submitted(queue, "gone")
+        kept = await submitted(queue, "kept")
         gone.cancel()
         handler.release.set()
         assert await kept == "done kept" and await blocker == "done first"
@@ -141,15 +172,17 @@ def test_a_handler_returning_the_wrong_number_of_results_fails_the_batch_loudly(
 def test_when_the_oldest_item_is_cancelled_the_wait_restarts_from_the_next_one():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=8, wait_s=0.3)
-        loop = asyncio.get_running_loop()
-        gone = asyncio.create_task(queue.submit("gone"))
-        await asyncio.sleep(0.2)
+        wait_s, gap_s = 1.0, 0.25
+        queue = BatchQueue(handler, max_batch_size=8, wait_s=wait_s)
+        gone = await submitted(queue, "gone")  # the queue now waits up to wait_s for company for "gone"
+        await asyncio.sleep(gap_s)  # not for ordering: "kept" must arrive measurably later than "gone"
+        kept = await submitted(queue, "kept")
         gone.cancel()
-        arrived = loop.time()
-        kept = await queue.submit("kept")
-        # "kept" waited its own 0.3 s for company, not the 0.1 s left of the cancelled item's wait
-        assert kept == "done kept" and loop.time() - arrived >= 0.28
+        assert await kept == "done kept"
         assert handler.batches == [["kept"]]
+        # By the queue's own account (arrival to batch start), "kept" waited a full wait_s for company,
+        # not the wait_s - gap_s left of the cancelled item's wait, nor nothing at all.
+        [[kept_wait]] = handler.waits
+        assert kept_wait >= wait_s - 1e-6
 
     run(scenario())

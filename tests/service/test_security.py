@@ -5,7 +5,6 @@ checks the headers and bodies of every kind of answer, keys in places they must 
 code paths that could load untrusted files.
 """
 
-import inspect
 import re
 from pathlib import Path
 
@@ -79,17 +78,46 @@ def test_cors_preflight_is_refused_by_default(client):
         {"headers": {"Authorization": f"Basic {API_KEYS[0]}"}},
         {"headers": {"X-API-Key": f"{API_KEYS[0]},{API_KEYS[1]}"}},
         {"headers": {"Cookie": f"api_key={API_KEYS[0]}"}},
+        {"headers": {"Authorization": f"Bearer X{API_KEYS[0][1:]}"}},
+        {"headers": {"Authorization": f"Bearer {API_KEYS[0][:-1]}X"}},
     ],
-    ids=["query-string", "empty-bearer", "other-case", "basic-scheme", "two-keys-in-one", "cookie"],
+    ids=[
+        "query-string",
+        "empty-bearer",
+        "other-case",
+        "basic-scheme",
+        "two-keys-in-one",
+        "cookie",
+        "first-character-differs",
+        "last-character-differs",
+    ],
 )
 def test_a_key_is_accepted_only_exactly_and_only_in_a_header(guarded_url, request_kwargs):
     response = httpx.get(f"{guarded_url}/v1/models", timeout=30, **request_kwargs)
     assert response.status_code == 401, response.text
 
 
-def test_keys_are_compared_in_constant_time():
-    assert "hmac.compare_digest" in inspect.getsource(key_is_valid)
-    assert key_is_valid("k1", ["k0", "k1"]) and not key_is_valid("k", ["k0", "k1"]) and not key_is_valid(None, [""])
+def with_character_replaced(key: str, index: int) -> str:
+    """The key with one character changed: same length, differing only at `index`."""
+    replacement = "Z" if key[index] != "Z" else "Y"
+    return key[:index] + replacement + key[index + 1 :]
+
+
+@pytest.mark.parametrize("accepted", [API_KEYS, API_KEYS[::-1]], ids=["first-listed", "last-listed"])
+def test_only_an_exact_key_is_valid_whichever_character_differs(accepted):
+    for key in API_KEYS:
+        assert key_is_valid(key, list(accepted))
+        for index in (0, len(key) // 2, len(key) - 1):
+            assert not key_is_valid(with_character_replaced(key, index), list(accepted)), (key, index)
+        for near_miss in (key[:-1], key + key[-1], key.upper(), f" {key}"):
+            assert not key_is_valid(near_miss, list(accepted)), near_miss
+
+
+@pytest.mark.parametrize("presented", [None, "", "ключ", "k\x00ey"])
+def test_missing_empty_and_unusual_keys_are_refused_without_an_error(presented):
+    assert not key_is_valid(presented, list(API_KEYS))
+    assert not key_is_valid(presented, [""])  # an empty accepted key never admits an empty presented one
+    assert not key_is_valid(presented, [])
 
 
 def test_no_code_path_unpickles_files():
