@@ -1,8 +1,12 @@
 """The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model.
 
+The same FastAPI app also carries LibreTranslate's and DeepL's routes (service/libretranslate.py,
+service/deepl_v2.py); they call this ingress's model selection, coalescers and limits.
+
 `build_app(args)` is the Ray Serve application builder named in deploy/serve.yaml
 (`import_path: service.app:build_app`); `args` is validated by service.config.ServiceConfig.
-Errors of every kind become {"error": {"code", "message"}} in service/errors.py.
+Errors of every kind become {"error": {"code", "message"}} in service/errors.py (the compatibility
+routes get their own families' shapes there).
 """
 
 import asyncio
@@ -22,6 +26,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response
 
+from service import deepl_v2, libretranslate
 from service.coalescing import Coalescer
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
 from service.deployments import Rejected, TranslateCall, TranslatorDeployment
@@ -36,10 +41,11 @@ from service.errors import (
     ServiceError,
     exception_response,
     json_response,
+    route_family,
 )
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id
 from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
-from service.middleware import ServiceMiddleware
+from service.middleware import ServiceMiddleware, route_path
 from service.schemas import (
     ErrorResponse,
     ExplainRequest,
@@ -73,13 +79,16 @@ api = FastAPI(
 api.add_middleware(ServiceMiddleware)
 add_offline_docs(api)  # before /static: its assets live below /static/swagger-ui
 api.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
+api.include_router(libretranslate.router)  # LibreTranslate's API: /translate, /detect, /languages, ...
+api.include_router(deepl_v2.router)  # DeepL's v2 shape: /v2/translate, /v2/languages, /v2/usage
 
 
 @api.exception_handler(RequestValidationError)
 @api.exception_handler(StarletteHTTPException)
 @api.exception_handler(ServiceError)
 async def _handle_error(request: Request, error: Exception) -> Response:
-    return exception_response(error, request.app.state.ingress.config.retry_after_s)
+    family = route_family(route_path(request.scope))
+    return exception_response(error, request.app.state.ingress.config.retry_after_s, family)
 
 
 @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})

@@ -1,9 +1,11 @@
 """Every HTTP error the service answers is made here: exception → status, code, message.
 
 Routes and middleware raise domain exceptions (the engine's, the explanation ids', and the ones
-below); `describe` alone decides the HTTP status. Bodies are always {"error": {"code", "message"}}.
-Messages name the problem, never a stack trace, a file path or a Ray internal; unexpected exceptions
-are logged and answered 500.
+below); `describe` alone decides the HTTP status. Bodies are {"error": {"code", "message"}} on /v1;
+the compatibility routes answer in their own families' shapes and statuses (`FAMILIES`, chosen by
+the request's path): LibreTranslate's {"error": "message"} with 400/403/429/500, DeepL's
+{"message": "message"} with 400/403/413/429/503/504. Messages name the problem, never a stack trace,
+a file path or a Ray internal; unexpected exceptions are logged and answered 500.
 """
 
 from __future__ import annotations
@@ -55,6 +57,29 @@ class UnauthorizedError(ServiceError):
     """No valid API key on a route that needs one."""
 
 
+class MissingApiKeyError(UnauthorizedError):
+    """API keys are on and the request presented none."""
+
+
+class InvalidApiKeyError(UnauthorizedError):
+    """The request presented a key that is not one of the service's keys."""
+
+
+class MissingParameterError(ServiceError):
+    """A compatibility route's required parameter is absent or empty (LibreTranslate's wording)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Invalid request: missing {name} parameter")
+
+
+class InvalidParameterError(ServiceError):
+    """A compatibility route's parameter has the wrong type or value, or the body is not a JSON object."""
+
+
+class UnsupportedLanguageError(ModelNotServedError):
+    """A language code, given or detected, that no served model translates from or into."""
+
+
 class BodyTooLargeError(ServiceError):
     """A request body past the configured limit."""
 
@@ -96,6 +121,8 @@ STATUS = (
     (BodyTooLargeError, 413, "body_too_large"),
     (InputTooLongError, 413, "input_too_long"),
     (InvalidRequestError, 422, "invalid_request"),
+    (MissingParameterError, 422, "missing_parameter"),
+    (InvalidParameterError, 422, "invalid_parameter"),
     (InvalidInputError, 422, "invalid_input"),
     (OverloadedError, 503, "overloaded"),
     (NotReadyError, 503, "not_ready"),
@@ -192,6 +219,51 @@ def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, st
     return 500, "internal_error", "internal error", {}
 
 
-def exception_response(error: BaseException, retry_after_s: int = 1) -> Response:
+# The compatibility routes: which paths belong to which family (paths below the app's route prefix).
+LIBRETRANSLATE_PATHS = ("/translate", "/detect", "/languages", "/frontend/settings", "/health", "/translate_file")
+DEEPL_PREFIX = "/v2/"
+
+
+def route_family(path: str) -> str:
+    """The route family of a path ("libretranslate", "deepl" or "v1"): whose error shapes and statuses it gets."""
+    if path in LIBRETRANSLATE_PATHS:
+        return "libretranslate"
+    if path.startswith(DEEPL_PREFIX):
+        return "deepl"
+    return "v1"
+
+
+def _family_status(family: str, status: int, code: str) -> int:
+    """The status LibreTranslate or DeepL answers for what /v1 answers `status` with `code`."""
+    route_errors = ("not_found", "method_not_allowed")
+    if family == "libretranslate":  # LibreTranslate 1.9 answers 400, 403, 429 and 500 only
+        if code == "missing_api_key":
+            return 400  # as LibreTranslate does when a key is required and none is given
+        if status == 401:
+            return 403
+        if code == "overloaded":
+            return 429
+        if status >= 500:
+            return 500
+        if 400 <= status < 500 and code not in route_errors:
+            return 400
+    if family == "deepl":  # DeepL: 400 bad request, 403 authorization, 413 too large, 429 too many requests
+        if status == 401:
+            return 403
+        if code == "overloaded":
+            return 429
+        if status in (404, 422) and code not in route_errors:
+            return 400
+    return status
+
+
+def exception_response(error: BaseException, retry_after_s: int = 1, family: str = "v1") -> Response:
     status, code, message, headers = describe(error, retry_after_s)
-    return error_response(status, code, message, headers)
+    if family == "v1":
+        return error_response(status, code, message, headers)
+    if isinstance(_cause(error), MissingApiKeyError):
+        code = "missing_api_key"
+    status = _family_status(family, status, code)
+    headers.pop("WWW-Authenticate", None)
+    body = {"error": message} if family == "libretranslate" else {"message": message}
+    return json_response(body, status, headers)

@@ -1,24 +1,35 @@
 """One ASGI middleware in front of the routes: metrics, CORS, body size limit, API keys.
 
 It reads its settings from the ingress replica (`app.state.ingress`), so the routes stay a
-module-level FastAPI app while the knobs come from deploy/serve.yaml.
+module-level FastAPI app while the knobs come from deploy/serve.yaml. Keys come from the headers
+(`Authorization: Bearer`, `Authorization: DeepL-Auth-Key`, `X-API-Key`) or, on LibreTranslate's
+routes, from `api_key` in the query or the body (JSON or form), which is read here within the body limit.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import time
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLargeError, UnauthorizedError, exception_response
+from service.errors import (
+    BodyTooLargeError,
+    InvalidApiKeyError,
+    MissingApiKeyError,
+    exception_response,
+    route_family,
+)
 
-OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics")
-PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics", "/health")
+# LibreTranslate's /languages and /frontend/settings need no key there either.
+PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/languages", "/frontend/settings")
 PUBLIC_PREFIXES = ("/static/",)
 
 
@@ -52,12 +63,35 @@ def route_template(routes: list, scope: Scope) -> str:
 
 
 def presented_key(headers: dict[bytes, bytes]) -> str | None:
-    """The API key from `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    """The API key from `Authorization: Bearer <key>`, `Authorization: DeepL-Auth-Key <key>` or `X-API-Key`."""
     authorization = headers.get(b"authorization", b"").decode("latin-1")
-    if authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip()
+    for scheme in ("bearer ", "deepl-auth-key "):
+        if authorization[: len(scheme)].lower() == scheme:
+            return authorization[len(scheme) :].strip()
     key = headers.get(b"x-api-key")
     return key.decode("latin-1").strip() if key is not None else None
+
+
+def query_key(query_string: bytes) -> str | None:
+    """LibreTranslate's `api_key` query parameter."""
+    values = parse_qs(query_string.decode("latin-1")).get("api_key")
+    return values[0] if values else None
+
+
+def body_key(content_type: str, body: bytes) -> str | None:
+    """LibreTranslate's `api_key` in a JSON object or a form-encoded body (None when absent or unreadable)."""
+    media_type = content_type.split(";")[0].strip().lower()
+    try:
+        if media_type == "application/json" or media_type.endswith("+json"):
+            fields = json.loads(body)
+            key = fields.get("api_key") if isinstance(fields, dict) else None
+            return key if isinstance(key, str) else None
+        if media_type == "application/x-www-form-urlencoded":
+            values = parse_qs(body.decode("utf-8")).get("api_key")
+            return values[0] if values else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return None
 
 
 def key_is_valid(presented: str | None, accepted: list[str]) -> bool:
@@ -104,7 +138,8 @@ class ServiceMiddleware:
         except Exception as error:  # anything the routes did not turn into a response: still our error shape
             if counted:
                 raise
-            await exception_response(error, ingress.config.retry_after_s)(scope, receive, send_counting)
+            family = route_family(route_path(scope))
+            await exception_response(error, ingress.config.retry_after_s, family)(scope, receive, send_counting)
         finally:
             count(499)  # the client went away before any answer
 
@@ -130,16 +165,37 @@ class ServiceMiddleware:
         ingress = scope["app"].state.ingress
         config = ingress.config
         path = route_path(scope)
-        if ingress.api_keys and self._needs_key(path, config.protect_operational_routes):
-            headers = dict(scope["headers"])
-            if not key_is_valid(presented_key(headers), ingress.api_keys):
-                error = UnauthorizedError("a valid API key is required (Authorization: Bearer <key> or X-API-Key)")
-                await exception_response(error)(scope, receive, send)
-                return
+        family = route_family(path)
         limit = config.max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if ingress.api_keys and self._needs_key(path, config.protect_operational_routes):
+            presented = presented_key(headers)
+            if presented is None and family == "libretranslate":
+                presented = query_key(scope.get("query_string", b""))
+                if presented is None and scope["method"] == "POST":
+                    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+                        await exception_response(BodyTooLargeError(limit), family=family)(scope, receive, send)
+                        return
+                    try:
+                        body, receive = await _buffered(receive, limit)
+                    except BodyLimitReached:
+                        await exception_response(BodyTooLargeError(limit), family=family)(scope, receive, send)
+                        return
+                    presented = body_key(headers.get(b"content-type", b"").decode("latin-1"), body)
+            if not key_is_valid(presented, ingress.api_keys):
+                error = (
+                    InvalidApiKeyError("Invalid API key")
+                    if presented
+                    else MissingApiKeyError(
+                        "a valid API key is required (Authorization: Bearer <key>, X-API-Key, "
+                        "Authorization: DeepL-Auth-Key <key>, or api_key on LibreTranslate's routes)"
+                    )
+                )
+                await exception_response(error, family=family)(scope, receive, send)
+                return
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await exception_response(BodyTooLargeError(limit))(scope, receive, send)
+            await exception_response(BodyTooLargeError(limit), family=family)(scope, receive, send)
             return
         received = 0
         response_started = False
@@ -162,7 +218,7 @@ class ServiceMiddleware:
             await self.app(scope, receive_limited, send_tracking)
         except BodyLimitReached:
             if not response_started:
-                await exception_response(BodyTooLargeError(limit))(scope, receive, send)
+                await exception_response(BodyTooLargeError(limit), family=family)(scope, receive, send)
 
     @staticmethod
     def _needs_key(path: str, protect_operational_routes: bool) -> bool:
@@ -171,4 +227,32 @@ class ServiceMiddleware:
         return not (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES))
 
 
-__all__ = ["ServiceMiddleware", "key_is_valid", "presented_key", "route_template"]
+async def _buffered(receive: Receive, limit: int) -> tuple[bytes, Receive]:
+    """Read the whole body (at most `limit` bytes), and a receive that hands it to the route again."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyLimitReached(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+__all__ = ["ServiceMiddleware", "body_key", "key_is_valid", "presented_key", "query_key", "route_template"]
