@@ -57,6 +57,7 @@ from service.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
+from service.split_texts import assemble, model_texts, plan_texts
 
 logger = logging.getLogger("ray.serve")
 
@@ -179,9 +180,12 @@ class Ingress:
     @api.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
     async def translate(self, body: TranslateRequest) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
-        call = TranslateCall(texts=body.texts, options=body.decoding_options(), attention=body.attention)
-        translations = await self.call(partial(self.coalescers[model].submit, call))
-        return json_response({"model": model, "translations": translations})
+        spec = self.specs[model]
+        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/split_texts.py
+        texts = model_texts(body.texts, plans)
+        call = TranslateCall(texts=texts, options=body.decoding_options(), attention=body.attention)
+        outcomes = await self.call(partial(self.coalescers[model].submit, call))
+        return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
 
     @api.get(
         "/v1/explanations/{explanation_id}",

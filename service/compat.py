@@ -2,19 +2,21 @@
 
 Both APIs take a list of texts, a source language or none ("auto"), a target language and a format.
 `translate_texts` resolves the languages (service/languages.py), detects each text's language when
-asked, cuts every text into sentences (service/sentences.py; HTML is reduced to its text first,
-service/markup.py), sends all sentences for one model as one TranslateCall through the same
-coalescer, in-flight limit and timeout as /v1/translate (so attention and explanations stay per
-sentence), and joins the translations back. The routes themselves live in service/libretranslate.py
-and service/deepl_v2.py; both are mounted on the ingress's FastAPI app.
+asked, cuts every text into sentences (service/sentences.py; HTML is read as runs of prose whose
+inline tags are placed back by the alignment, service/markup.py and service/inline_tags.py), sends
+all sentences for one model as one TranslateCall through the same coalescer, in-flight limit and
+timeout as /v1/translate (so attention and explanations stay per sentence), and joins the
+translations back. The routes themselves live in service/libretranslate.py and service/deepl_v2.py;
+both are mounted on the ingress's FastAPI app.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
+from html import escape
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -23,8 +25,9 @@ from starlette.requests import Request
 from model import DecodingOptions
 from service.deployments import TranslateCall
 from service.errors import InvalidParameterError, UnsupportedLanguageError
+from service.inline_tags import place
 from service.languages import Detection, detect, name_of, resolve
-from service.markup import Markup, parse_markup
+from service.markup import Block, InlineElement, Markup, parse_markup
 from service.schemas import MAX_BEAM_SIZE
 from service.sentences import Piece, join, split
 
@@ -136,11 +139,12 @@ def _model_for(ingress: Any, source: str, target: str, detection: Detection | No
 
 @dataclass
 class _Job:
-    """One unit of text on its way (a text, or one text node of an HTML text): its sentences and their translations."""
+    """One unit of text on its way (a text, a text node, or an HTML block's prose): its sentences and translations."""
 
     model: str
     pieces: list[Piece]
     translations: list[list[str]] = field(default_factory=list)  # per piece: best first, then alternatives
+    best: list[dict | None] = field(default_factory=list)  # per piece: the best translation object (alignments)
 
     def joined(self, rank: int, target: str) -> str:
         """The unit's translation from each sentence's `rank`-th hypothesis (or its last one)."""
@@ -153,6 +157,61 @@ def _pieces(text: str, source: str, split_sentences: bool) -> list[Piece]:
     stripped = text.strip()
     start = text.index(stripped) if stripped else len(text)
     return [Piece(text[:start], stripped, text[start + len(stripped) :])]
+
+
+@dataclass
+class _HtmlText:
+    """An HTML text on its way: text-node jobs (tags kept between them) and blocks whose tags go by alignment."""
+
+    markup: Markup
+    node_jobs: dict[int, _Job] = field(default_factory=dict)  # unit index → its job
+    block_jobs: dict[int, tuple[_Job, list[list[InlineElement]]]] = field(default_factory=dict)  # per sentence
+
+    placed_sentences: dict[int, list[str | None]] = field(default_factory=dict)  # block → per sentence HTML
+
+    def place_tags(self) -> list[int]:
+        """Place each block's tags by alignment; the blocks where some sentence could not take its tags."""
+        failed = []
+        for block, (job, elements) in self.block_jobs.items():
+            sentences = [
+                place(piece.sentence, sentence_elements, outcome) if sentence_elements and outcome else None
+                for piece, sentence_elements, outcome in zip(job.pieces, elements, job.best, strict=True)
+            ]
+            if any(html is None and wanted for html, wanted in zip(sentences, elements, strict=True)):
+                failed.append(block)
+            self.placed_sentences[block] = sentences
+        return failed
+
+    def render(self, target: str) -> str:
+        placed: dict[int, str] = {}
+        for block, (job, _) in self.block_jobs.items():
+            html_sentences = [
+                placed_sentence if placed_sentence is not None else escape(options[0], quote=False)
+                for placed_sentence, options in zip(self.placed_sentences[block], job.translations, strict=True)
+            ]
+            placed[block] = join(job.pieces, html_sentences, target)
+        units = range(len(self.markup.units))
+        nodes = [self.node_jobs[i].joined(0, target) if i in self.node_jobs else "" for i in units]
+        return self.markup.render(nodes, placed)
+
+
+def _sentence_elements(block: Block, pieces: list[Piece]) -> list[list[InlineElement]] | None:
+    """Each sentence's inline elements, with offsets into the sentence; None when one spans two sentences."""
+    by_sentence: list[list[InlineElement]] = [[] for _ in pieces]
+    ranges = []
+    position = 0
+    for piece in pieces:
+        start = position + len(piece.before)
+        ranges.append((start, start + len(piece.sentence)))
+        position = start + len(piece.sentence) + len(piece.after)
+    spoken = [(i, start, end) for i, (start, end) in enumerate(ranges) if pieces[i].sentence]
+    for element in block.elements:
+        owner = next((i for i, start, end in spoken if start <= element.start and element.end <= end), None)
+        if owner is None:
+            return None
+        start = ranges[owner][0]
+        by_sentence[owner].append(replace(element, start=element.start - start, end=element.end - start))
+    return by_sentence
 
 
 async def translate_texts(
@@ -170,7 +229,6 @@ async def translate_texts(
         raise InvalidParameterError(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
     target_code = resolve_target(ingress, target)
     markups: list[Markup | None] = [parse_markup(text) if html else None for text in texts]
-    units = [markup.units if markup is not None else [text] for markup, text in zip(markups, texts)]
     detections: list[Detection | None]
     if source is None:
         plain = [markup.text if markup is not None else text for markup, text in zip(markups, texts)]
@@ -180,26 +238,56 @@ async def translate_texts(
         code = resolve_source(ingress, source)
         detections = [None] * len(texts)
         sources = [code] * len(texts)
-    jobs: list[list[_Job]] = []
-    for text_units, language, detection in zip(units, sources, detections):
-        text_jobs = []
-        for unit in text_units:
-            pieces = _pieces(unit, language, split_sentences)
-            needs_model = any(piece.sentence for piece in pieces)
-            text_jobs.append(_Job(_model_for(ingress, language, target_code, detection) if needs_model else "", pieces))
-        jobs.append(text_jobs)
-    await _translate_jobs(ingress, [job for text_jobs in jobs for job in text_jobs], alternatives + 1)
-    results = []
-    for text_jobs, markup, language, detection in zip(jobs, markups, sources, detections):
-        if markup is not None:  # as LibreTranslate: no alternatives for HTML
-            rendered = markup.render([job.joined(0, target_code) for job in text_jobs])
-            results.append(TextTranslation(rendered, language, detection))
+
+    def job(text: str, language: str, detection: Detection | None) -> _Job:
+        pieces = _pieces(text, language, split_sentences)
+        needs_model = any(piece.sentence for piece in pieces)
+        return _Job(_model_for(ingress, language, target_code, detection) if needs_model else "", pieces)
+
+    def node_jobs(entry: _HtmlText, block: int, language: str, detection: Detection | None) -> list[_Job]:
+        units = [part for part in entry.markup.blocks[block].parts if isinstance(part, int)]
+        entry.node_jobs.update({unit: job(entry.markup.units[unit], language, detection) for unit in units})
+        return [entry.node_jobs[unit] for unit in units]
+
+    plain_jobs: list[_Job | None] = []
+    html_texts: list[_HtmlText | None] = []
+    pending: list[_Job] = []
+    for text, markup, language, detection in zip(texts, markups, sources, detections):
+        if markup is None:
+            plain_jobs.append(job(text, language, detection))
+            html_texts.append(None)
+            pending.append(plain_jobs[-1])
             continue
-        (job,) = text_jobs
-        best = job.joined(0, target_code)
+        entry = _HtmlText(markup)
+        for index, block in enumerate(markup.blocks):
+            block_job = job(block.text, language, detection) if block.elements and block.flat else None
+            elements = _sentence_elements(block, block_job.pieces) if block_job is not None else None
+            if block_job is not None and elements is not None:
+                entry.block_jobs[index] = (block_job, elements)
+                pending.append(block_job)
+            else:
+                pending.extend(node_jobs(entry, index, language, detection))
+        plain_jobs.append(None)
+        html_texts.append(entry)
+    await _translate_jobs(ingress, pending, alternatives + 1)
+    retry: list[_Job] = []  # blocks whose tags could not be placed: their text nodes, translated apart
+    for entry, language, detection in zip(html_texts, sources, detections):
+        if entry is not None:
+            for block in entry.place_tags():
+                del entry.block_jobs[block]
+                retry.extend(node_jobs(entry, block, language, detection))
+    if retry:
+        await _translate_jobs(ingress, retry, alternatives + 1)
+    results = []
+    for plain_job, entry, language, detection in zip(plain_jobs, html_texts, sources, detections):
+        if entry is not None:  # as LibreTranslate: no alternatives for HTML
+            results.append(TextTranslation(entry.render(target_code), language, detection))
+            continue
+        assert plain_job is not None
+        best = plain_job.joined(0, target_code)
         others: list[str] = []
         for rank in range(1, alternatives + 1):
-            candidate = job.joined(rank, target_code)
+            candidate = plain_job.joined(rank, target_code)
             if candidate != best and candidate not in others:
                 others.append(candidate)
         results.append(TextTranslation(best, language, detection, others))
@@ -212,6 +300,7 @@ async def _translate_jobs(ingress: Any, jobs: list[_Job], n_best: int) -> None:
     by_model: dict[str, list[tuple[_Job, int]]] = {}
     for job in jobs:
         job.translations = [[""] for _ in job.pieces]
+        job.best = [None for _ in job.pieces]
         for index, piece in enumerate(job.pieces):
             if piece.sentence:
                 by_model.setdefault(job.model, []).append((job, index))
@@ -221,6 +310,7 @@ async def _translate_jobs(ingress: Any, jobs: list[_Job], n_best: int) -> None:
         outcomes = await ingress.call(partial(ingress.coalescers[model].submit, call))
         for (job, index), outcome in zip(places, outcomes, strict=True):
             job.translations[index] = [outcome["text"]] + [other["text"] for other in outcome.get("alternatives") or []]
+            job.best[index] = outcome
 
     await asyncio.gather(*(run(model, places) for model, places in by_model.items()))
 

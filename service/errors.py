@@ -29,6 +29,7 @@ from starlette.responses import Response
 
 from model import CheckpointError, InputTooLongError, InvalidInputError, UnknownModelError
 from service.explanations import ExplanationIdError, ExplanationNotFoundError
+from service.file_links import FileLinkError
 
 logger = logging.getLogger("ray.serve")
 
@@ -115,6 +116,7 @@ STATUS = (
     (ExplanationIdError, 400, "invalid_explanation_id"),
     (UnauthorizedError, 401, "unauthorized"),
     (ExplanationNotFoundError, 404, "explanation_not_found"),
+    (FileLinkError, 404, "file_not_found"),
     (ModelNotServedError, 404, "model_not_found"),
     (UnknownModelError, 404, "model_not_found"),
     (RouteNotFoundError, 404, "not_found"),
@@ -221,12 +223,13 @@ def describe(error: BaseException, retry_after_s: int = 1) -> tuple[int, str, st
 
 # The compatibility routes: which paths belong to which family (paths below the app's route prefix).
 LIBRETRANSLATE_PATHS = ("/translate", "/detect", "/languages", "/frontend/settings", "/health", "/translate_file")
+LIBRETRANSLATE_PREFIX = "/download_file/"
 DEEPL_PREFIX = "/v2/"
 
 
 def route_family(path: str) -> str:
     """The route family of a path ("libretranslate", "deepl" or "v1"): whose error shapes and statuses it gets."""
-    if path in LIBRETRANSLATE_PATHS:
+    if path in LIBRETRANSLATE_PATHS or path.startswith(LIBRETRANSLATE_PREFIX):
         return "libretranslate"
     if path.startswith(DEEPL_PREFIX):
         return "deepl"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hmac
 import json
 import time
+from email.parser import BytesParser
+from email.policy import default as email_policy
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -30,7 +32,7 @@ from service.errors import (
 OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics", "/health")
 # LibreTranslate's /languages and /frontend/settings need no key there either.
 PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/languages", "/frontend/settings")
-PUBLIC_PREFIXES = ("/static/",)
+PUBLIC_PREFIXES = ("/static/", "/download_file/")  # a download link is signed: it is its own key
 
 
 class BodyLimitReached(StarletteHTTPException):
@@ -89,7 +91,14 @@ def body_key(content_type: str, body: bytes) -> str | None:
         if media_type == "application/x-www-form-urlencoded":
             values = parse_qs(body.decode("utf-8")).get("api_key")
             return values[0] if values else None
-    except (ValueError, UnicodeDecodeError):
+        if media_type == "multipart/form-data":  # POST /translate_file
+            header = b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n"
+            message = BytesParser(policy=email_policy).parsebytes(header + body)
+            for part in message.iter_parts():
+                if part.get_param("name", header="content-disposition") == "api_key" and not part.get_filename():
+                    key = part.get_content()
+                    return key.strip("\r\n") if isinstance(key, str) else None
+    except (ValueError, UnicodeDecodeError, LookupError):
         return None
     return None
 

@@ -25,7 +25,8 @@ Text = Annotated[
         max_length=MAX_TEXT_CHARS,
         description=f"At most {MAX_TEXT_CHARS} characters and at most the model's max_source_tokens sentencepiece "
         "tokens (GET /v1/models; 256 for the shipped models, which English text reaches at about 800–950 characters "
-        "and Chinese at about 280–340): answered 413 input_too_long beyond either.",
+        "and Chinese at about 280–340): answered 413 input_too_long beyond either. With split_sentences (the default) "
+        "the token limit applies to each sentence of the text.",
     ),
 ]
 ModelId = Annotated[str, Field(min_length=1, max_length=64, description="A model id from GET /v1/models.")]
@@ -56,6 +57,14 @@ class TranslateRequest(ModelChoice):
         "none",
         description='"summary": the cross-attention of the alignment head (the map `alignment` is read from); '
         '"full": also every layer and head. The explanation_id gives the same maps later.',
+    )
+    split_sentences: bool = Field(
+        True,
+        description="Cut each text into sentences (at sentence ends, line breaks kept) and decode them as separate "
+        "texts of the same batch: a text of several sentences is answered with `sentences` (one translation object "
+        "each, with its own explanation_id) and `text` joined from them. false: each text is decoded whole. "
+        "beam_size, n_best and max_length apply per sentence; a single sentence longer than the model accepts is "
+        "still answered 413.",
     )
 
     @model_validator(mode="after")
@@ -98,13 +107,27 @@ class Hypothesis(BaseModel):
     target_words: list[str]
     explanation_id: str | None = Field(
         description="Fetch the full explanation at GET /v1/explanations/{explanation_id}; null for a blank text "
-        '(translated to "" without running the model).'
+        '(translated to "" without running the model) and for a text split into sentences (see `sentences`).'
     )
     attention: AttentionMaps | None = None
 
 
-class Translation(Hypothesis):
+class SentenceTranslation(Hypothesis):
     alternatives: list[Hypothesis] | None = Field(None, description="The next best hypotheses when n_best > 1.")
+
+
+class Translation(SentenceTranslation):
+    """One text's translation. A text of several sentences (split_sentences) also carries `sentences`; then
+    `text` is their translations joined with the text's own spacing, the token, word and alignment lists are
+    the sentences' laid end to end (indices into the concatenated lists, each sentence ending in its own </s>),
+    `score` is their sum, and explanation_id is null, attention and alternatives absent: those are per sentence.
+    """
+
+    sentences: list[SentenceTranslation] | None = Field(
+        None,
+        description="Only for a text split into two or more sentences: each sentence's translation, exactly as "
+        "/v1/translate answers that sentence alone (explanation_id, attention and alternatives included).",
+    )
 
 
 class TranslateResponse(BaseModel):

@@ -55,12 +55,15 @@ def _cut(sentence: str) -> list[str]:
     return parts
 
 
-def split(text: str, language: str) -> list[Piece]:
-    """The pieces of a text; "".join(before + sentence + after) gives the text back."""
+def split(text: str, language: str, cut_long: bool = True) -> list[Piece]:
+    """The pieces of a text; "".join(before + sentence + after) gives the text back.
+
+    cut_long=False keeps a sentence over the length limit whole (the model may then refuse it).
+    """
     pieces: list[Piece] = []
     for line in text.splitlines(keepends=True):
         for segment in sentencex.segment(language, line) if line.strip() else [line]:
-            for part in _cut(segment):
+            for part in _cut(segment) if cut_long else [segment]:
                 stripped = part.strip()
                 if not stripped:
                     if pieces:  # whitespace only: it belongs after the previous piece

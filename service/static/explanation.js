@@ -47,7 +47,8 @@ export async function onTranslate(event) {
   const started = performance.now();
   try {
     setStatus("translating");
-    const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none" };
+    // One decode to explain: the viewer sends the text whole (/v1 would otherwise split it into sentences).
+    const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none", split_sentences: false };
     const model = $("#model-select").value;
     if (model) request.model = model;
     const response = await translate(request, pending.signal);

@@ -28,8 +28,9 @@ FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "client_requests.jso
 TAG = re.compile(r"<[^>]+>")
 
 
-def v1_text(client: httpx.Client, text: str, source: str = "en", target: str = "zh") -> str:
-    response = client.post("/v1/translate", json={"texts": [text], "source_lang": source, "target_lang": target})
+def v1_text(client: httpx.Client, text: str, source: str = "en", target: str = "zh", **options) -> str:
+    body = {"texts": [text], "source_lang": source, "target_lang": target, **options}
+    response = client.post("/v1/translate", json=body)
     assert response.status_code == 200, response.text
     return response.json()["translations"][0]["text"]
 
@@ -290,7 +291,7 @@ def test_invalid_deepl_requests_answer_deepl_errors(client, body, status):
 def test_deepl_split_sentences_0_translates_each_text_whole(client):
     text = "I like tea. The cat sat."
     whole = client.post("/v2/translate", json={"text": [text], "target_lang": "ZH", "split_sentences": "0"}).json()
-    assert whole["translations"][0]["text"] == v1_text(client, text)
+    assert whole["translations"][0]["text"] == v1_text(client, text, split_sentences=False)
 
 
 # ---- request shapes recorded from Mastodon, Weblate and Discourse ------------------------------
