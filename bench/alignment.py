@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     print(f"eflomal on the gold set: AER {report['eflomal']['gold']['aer']}")
-    header = "| model | set | alignment head | AER | precision | recall | entropy | best head (AER) | diagonal AER |"
+    header = (
+        "| model | set | alignment head | AER | precision | recall | entropy | best head (AER) | diagonal AER "
+        "| encoder position similarity |"
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for name, result in report["models"].items():
@@ -87,7 +90,8 @@ def print_table(report: dict) -> None:
             service = r["service"]
             print(
                 f"| {name} | {part} | {where} | {service['aer']} | {service['precision']} | {service['recall']} "
-                f"| {r['entropy']} | {best[0]} ({best[1]['aer']}) | {r['diagonal']['aer']} |"
+                f"| {r['entropy']} | {best[0]} ({best[1]['aer']}) | {r['diagonal']['aer']} "
+                f"| {r['encoder_similarity']} |"
             )
 
 

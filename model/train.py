@@ -311,10 +311,21 @@ class AlignmentMonitor:
         if options.alignment_gold:
             self.sets["gold"] = gold_items(options.alignment_gold, language)
 
+    FLAT_ENCODER = 0.99
+
     def epoch_report(self, model: Transformer) -> dict:
-        from model.evaluate_alignment import forced_maps, mean_entropy, score_head
+        from model.evaluate_alignment import encoder_position_similarity, forced_maps, mean_entropy, score_head
 
         record = {}
+        if "dev" in self.sets:
+            similarity = encoder_position_similarity(model, self.tokenizer, [i.source for i in self.sets["dev"][:100]])
+            record["encoder_similarity"] = similarity
+            if similarity >= self.FLAT_ENCODER:
+                logger.warning(
+                    "ENCODER OUTPUTS HAVE COLLAPSED: positions' final states have mean cosine similarity %.3f; "
+                    "cross-attention cannot tell source words apart",
+                    similarity,
+                )
         for name, items in self.sets.items():
             maps = forced_maps(model, self.tokenizer, items)
             record[f"{name}_aer"] = score_head(maps, items, self.layer, self.head).as_dict()["aer"]

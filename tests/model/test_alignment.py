@@ -201,3 +201,25 @@ def test_guides_are_built_from_word_links_of_the_training_file(tmp_path, model_d
 def test_items_score_links_in_the_models_direction():
     item = AlignmentItem("a b", "x", [(0, 1), (2, 3)], [(0, 1)], GoldLinks({(1, 0)}, {(1, 0)}))
     assert alignment_error_rate([{(1, 0)}], [item.reference]).aer == 0.0
+
+
+def test_encoder_similarity_tells_a_collapsed_encoder_from_a_working_one(model_dir):
+    """Identical position vectors measure 1.0; a random encoder's distinct positions measure well below."""
+    from model.evaluate_alignment import encoder_position_similarity
+    from model.translator import Translator
+
+    translator = Translator.from_pretrained(model_dir, device="cpu")
+    texts = ["the cat sat on the mat", "we like tea and coffee"]
+    working = encoder_position_similarity(translator.model, translator.tokenizer, texts)
+    assert working < 0.9
+    # collapse it: every layer's output replaced by its mean over positions (what the old en→zh encoder did)
+    last = translator.model.encoder_layers[-1]
+    handle = last.register_forward_hook(
+        lambda _m, _i, out: (out[0].mean(dim=1, keepdim=True).expand_as(out[0]), out[1])
+    )
+    try:
+        assert encoder_position_similarity(translator.model, translator.tokenizer, texts) == pytest.approx(
+            1.0, abs=1e-4
+        )
+    finally:
+        handle.remove()
