@@ -56,3 +56,23 @@ def test_greedy_output_equals_transformers(shipped):
         assert translator.tokenizer.decode(hypotheses[0].token_ids) == tokenizer.decode(
             expected[0], skip_special_tokens=True
         )
+
+
+def test_chinese_output_writes_chinese_punctuation():
+    """The target sentencepiece model folds ？！， to ASCII (NFKC); the text users get has them back."""
+    translator = Translator.from_pretrained("en-zh", device="cpu")
+    questions = translator.translate(["Where is the station?", "Are you hungry?", "Do you like tea?"], beam_size=4)
+    for translation in questions:
+        assert translation.text.endswith("？"), translation.text
+        assert "?" not in translation.text
+    # English output and numbers keep ASCII punctuation
+    from model.tokenizer import restore_full_width
+
+    assert restore_full_width("OK, 1,000 cats?") == "OK, 1,000 cats?"
+    assert restore_full_width("你好,我有1,000元!") == "你好，我有1,000元！"
+
+
+def test_chinese_source_text_does_not_start_with_a_lone_word_boundary_piece():
+    translator = Translator.from_pretrained("zh-en", device="cpu")
+    for text in ["到了你该去睡觉的时候了。", "我也是这么想的。", "今天很冷。"]:
+        assert translator.tokenizer.source_tokens(translator.encode_source([text])[0])[0] != "\u2581"
