@@ -23,49 +23,19 @@ def data(tmp_path_factory):
     return directory
 
 
-def _train(data, work, output, max_steps):
+def tiny_run(data, work, output, *options: str) -> None:
+    """One training run of the tiny setting; later options override earlier ones (argparse keeps the last)."""
     train_main(
-        [
-            "--train",
-            str(data / "train.tsv"),
-            "--dev",
-            str(data / "dev.tsv"),
-            "--work",
-            str(work),
-            "--output",
-            str(output),
-            "--source-vocab-size",
-            "100",
-            "--target-vocab-size",
-            "80",
-            "--d-model",
-            "32",
-            "--heads",
-            "2",
-            "--ffn-dim",
-            "64",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--batch-tokens",
-            "400",
-            "--warmup-steps",
-            "10",
-            "--learning-rate",
-            "3e-3",
-            "--max-steps",
-            str(max_steps),
-            "--epochs",
-            "20",
-            "--bleu-tokenize",
-            "zh",
-            "--average-last",
-            "2",
-            "--save-dtype",
-            "float32",
-        ]
-    )
+        ["--train", str(data / "train.tsv"), "--dev", str(data / "dev.tsv"), "--work", str(work), "--output",
+         str(output), "--source-vocab-size", "100", "--target-vocab-size", "80", "--d-model", "32", "--heads", "2",
+         "--ffn-dim", "64", "--encoder-layers", "1", "--decoder-layers", "1", "--batch-tokens", "400",
+         "--warmup-steps", "10", "--learning-rate", "3e-3", "--epochs", "20", "--bleu-tokenize", "zh",
+         "--average-last", "2", "--save-dtype", "float32", *options]
+    )  # fmt: skip
+
+
+def _train(data, work, output, max_steps):
+    tiny_run(data, work, output, "--max-steps", str(max_steps))
     return json.loads((work / "summary.json").read_text())
 
 
@@ -143,52 +113,11 @@ def test_guided_alignment_training_records_the_alignment_head_and_attention_heal
             record = {"en": en, "zh": zh, "en_words": en_words, "zh_words": zh_words, "links": links}
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     work, output = tmp_path / "work", tmp_path / "out"
-    train_main(
-        [
-            "--train",
-            str(data / "train.tsv"),
-            "--dev",
-            str(data / "dev.tsv"),
-            "--work",
-            str(work),
-            "--output",
-            str(output),
-            "--source-vocab-size",
-            "100",
-            "--target-vocab-size",
-            "80",
-            "--d-model",
-            "32",
-            "--heads",
-            "2",
-            "--ffn-dim",
-            "64",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "2",
-            "--batch-tokens",
-            "400",
-            "--warmup-steps",
-            "10",
-            "--learning-rate",
-            "3e-3",
-            "--epochs",
-            "1",
-            "--bleu-tokenize",
-            "zh",
-            "--save-dtype",
-            "float32",
-            "--guided-alignment",
-            str(tmp_path / "links.jsonl"),
-            "--alignment-dev",
-            str(tmp_path / "links.jsonl"),
-            "--alignment-layer",
-            "1",
-            "--alignment-head",
-            "1",
-        ]
-    )
+    links = str(tmp_path / "links.jsonl")
+    tiny_run(
+        data, work, output, "--decoder-layers", "2", "--epochs", "1", "--guided-alignment", links,
+        "--alignment-dev", links, "--alignment-layer", "1", "--alignment-head", "1",
+    )  # fmt: skip
     summary = json.loads((work / "summary.json").read_text())
     epoch = summary["history"][0]
     assert {"alignment_loss", "dev_aer", "dev_entropy"} <= set(epoch) and 0 <= epoch["dev_entropy"] <= 1
