@@ -85,6 +85,13 @@ class ModelConfig:
                 "config field decoder_vocab_size differs from vocab_size while share_encoder_decoder_embeddings is true"
             )
 
+    def alignment_source(self) -> tuple[int, int | None]:
+        """(layer, head) alignments are read from: the declared alignment head, else the penultimate
+        decoder layer with head None (its head average)."""
+        if self.alignment_layer is not None:
+            return self.alignment_layer, self.alignment_head
+        return max(0, self.decoder_layers - 2), None
+
     @property
     def target_vocab_size(self) -> int:
         return self.vocab_size if self.share_encoder_decoder_embeddings else int(self.decoder_vocab_size)

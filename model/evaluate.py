@@ -18,7 +18,7 @@ from model.options import DecodingOptions
 from model.search import beam_search
 from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
-from model.translator import Translator
+from model.translator import DTYPE_NAMES, Translator
 
 
 def score_translations(hypotheses: list[str], references: list[list[str]], tokenize: str) -> dict[str, float]:
@@ -57,9 +57,6 @@ def evaluate(
     return score_translations(hypotheses, references, tokenize)
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.evaluate", description=__doc__)
     parser.add_argument("--model", required=True, help="model directory or shipped name")
@@ -68,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-column", type=int, default=1)
     parser.add_argument("--tokenize", default="13a", help="sacrebleu tokenizer: zh for Chinese output, 13a otherwise")
     parser.add_argument("--beam-sizes", default="1,4", help="comma-separated beam sizes to score")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json", help="also write the scores to this file")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    translator = Translator.from_pretrained(args.model, device="cpu", dtype=DTYPES[args.dtype])
+    translator = Translator.from_pretrained(args.model, device="cpu", dtype=args.dtype)
     sources, references = dev_references(read_pairs(args.dev, args.source_column, args.target_column))
     scores = {"model": args.model, "sources": len(sources), "dtype": args.dtype}
     for beam_size in (int(b) for b in args.beam_sizes.split(",")):

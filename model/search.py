@@ -63,12 +63,10 @@ def beam_search(
     source_ids: list[list[int]],
     options: DecodingOptions | None = None,
     return_attention: bool = False,
-    budgets: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
-    `budgets` (one length budget per source) overrides options.max_new_tokens; min_new_tokens
-    bans eos before that many tokens (transformers' min_new_tokens); the length budget still
+    min_new_tokens bans eos before that many tokens (transformers' min_new_tokens); the length budget still
     ends every hypothesis with eos.
     """
     options = options or DecodingOptions()
@@ -77,9 +75,7 @@ def beam_search(
     batch = len(source_ids)
     lengths = [len(ids) for ids in source_ids]
     limit = config.max_position_embeddings
-    if budgets is not None:
-        budgets = [min(m, limit) for m in budgets]
-    elif options.max_new_tokens is None:
+    if options.max_new_tokens is None:
         budgets = [default_max_new_tokens(n, limit) for n in lengths]
     else:
         budgets = [min(options.max_new_tokens, limit)] * batch

@@ -88,6 +88,11 @@ def restore_full_width(text: str) -> str:
     return result
 
 
+def is_special_piece(piece: str) -> bool:
+    """</s>, <unk>, <pad> and the like: tokens that stand for no text."""
+    return piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+
+
 def word_groups(pieces: list[str]) -> list[list[int]]:
     """Group piece indices into words: a new word at each "▁" and around CJK characters.
 
@@ -97,7 +102,7 @@ def word_groups(pieces: list[str]) -> list[list[int]]:
     groups: list[list[int]] = []
     previous_cjk = False
     for index, piece in enumerate(pieces):
-        special = piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+        special = is_special_piece(piece)
         text = piece.lstrip(WORD_BOUNDARY)
         cjk = bool(text) and all(_is_cjk(c) for c in text)
         starts_word = not groups or special or piece.startswith(WORD_BOUNDARY) or cjk or previous_cjk

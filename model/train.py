@@ -150,7 +150,7 @@ def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], wo
         if not path.exists():
             logger.info("training %s sentencepiece model (%d pieces)", side, size)
             texts = [pair[index] for pair in pairs]
-            spaced = guess_language([(text, "") for text in texts[:200]]) != "zh"
+            spaced = guess_language(texts[:200]) != "zh"
             train_sentencepiece(texts, path, size, coverage, spaced)
     if options.joint_vocab:
         vocab_path = spm_dir / "joint_vocab.json"
@@ -278,11 +278,11 @@ def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], con
 
 
 # ---- evaluation ----------------------------------------------------------------------
-def guess_language(pairs: list[tuple[str, str]]) -> str:
-    """ "zh" when most characters of the given sources are CJK, else "en"."""
+def guess_language(texts: list[str]) -> str:
+    """ "zh" when most characters of the given texts are CJK, else "en"."""
     from model.tokenizer import _is_cjk
 
-    text = "".join(source for source, _ in pairs)
+    text = "".join(texts)
     return "zh" if sum(map(_is_cjk, text)) > len(text) / 2 else "en"
 
 
@@ -294,24 +294,20 @@ class AlignmentMonitor:
     """
 
     FLAT_ENTROPY = 0.95
+    FLAT_ENCODER = 0.99
 
-    def __init__(self, options: TrainingOptions, tokenizer: MarianTokenizer, config: ModelConfig) -> None:
+    def __init__(
+        self, options: TrainingOptions, tokenizer: MarianTokenizer, config: ModelConfig, language: str
+    ) -> None:
         from model.evaluate_alignment import gold_items, link_items
 
         self.tokenizer = tokenizer
-        self.layer, self.head = (
-            (config.alignment_layer, config.alignment_head)
-            if config.alignment_layer is not None
-            else (max(0, config.decoder_layers - 2), None)
-        )
-        language = options.source_language or guess_language(read_pairs(options.train, options.source_column, 0)[:50])
+        self.layer, self.head = config.alignment_source()
         self.sets = {}
         if options.alignment_dev:
             self.sets["dev"] = link_items(options.alignment_dev, language, limit=300)
         if options.alignment_gold:
             self.sets["gold"] = gold_items(options.alignment_gold, language)
-
-    FLAT_ENCODER = 0.99
 
     def epoch_report(self, model: Transformer) -> dict:
         from model.evaluate_alignment import encoder_position_similarity, forced_maps, mean_entropy, score_head
@@ -443,6 +439,7 @@ class TrainingData:
     guides: list[list[tuple[int, int]]]  # per example its guided-alignment links (empty without guides)
     dev_sources: list[str]
     dev_refs: list[list[str]]
+    source_language: str  # "en", "zh", …: --source-language, else guessed from the sources' script
 
 
 @contextmanager
@@ -475,7 +472,8 @@ def load_data(options: TrainingOptions, work: Path) -> TrainingData:
         dev_sources, dev_refs = dev_references(read_pairs(options.dev, options.source_column, options.target_column))
         if options.eval_limit:
             dev_sources, dev_refs = dev_sources[: options.eval_limit], dev_refs[: options.eval_limit]
-    return TrainingData(tokenizer, examples, guides, dev_sources, dev_refs)
+    language = options.source_language or guess_language([source for source, _ in pairs[:50]])
+    return TrainingData(tokenizer, examples, guides, dev_sources, dev_refs, language)
 
 
 def build_model(options: TrainingOptions, tokenizer: MarianTokenizer) -> Transformer:
@@ -524,7 +522,7 @@ def train(options: TrainingOptions) -> dict:
             len(data.examples),
             len(data.dev_sources),
         )
-        monitor = AlignmentMonitor(options, data.tokenizer, model.config)
+        monitor = AlignmentMonitor(options, data.tokenizer, model.config, data.source_language)
         started = time.monotonic() - state["seconds"]
         stop = False
         while state["epoch"] < options.epochs and not stop:

@@ -21,7 +21,7 @@ from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
 from model.search import Hypothesis, beam_search
-from model.tokenizer import MarianTokenizer, word_groups
+from model.tokenizer import MarianTokenizer, is_special_piece, word_groups
 from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def word_alignment(
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
     matrix = alignment_matrix(cross_attention, layer, head)  # (T, S)
-    candidates = [w for w, pieces in enumerate(source_groups) if not _special(source_tokens[pieces[0]])]
+    candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
     if not candidates:
         candidates = list(range(len(source_groups)))
     pairs = []
@@ -105,10 +105,6 @@ def word_alignment(
         [_word_text(source_tokens, g) for g in source_groups],
         [_word_text(target_tokens, g) for g in target_groups],
     )
-
-
-def _special(piece: str) -> bool:
-    return piece.startswith("<") and piece.endswith(">") and len(piece) > 2
 
 
 def _word_text(tokens: list[str], group: list[int]) -> str:
@@ -208,9 +204,7 @@ class Translator:
         A model trained with guided alignment declares it in config.json (alignment_layer,
         alignment_head); otherwise the penultimate layer's head average is used.
         """
-        config = self.config
-        layer = config.alignment_layer if config.alignment_layer is not None else max(0, config.decoder_layers - 2)
-        return layer, config.alignment_head
+        return self.config.alignment_source()
 
     def encode_source(self, texts: list[str]) -> list[list[int]]:
         """Texts → vocabulary ids with the final </s> (the ids MarianTokenizer gives)."""
