@@ -192,13 +192,13 @@ def grow_diag_final_and(forward: set, reverse: set) -> set:
     """Koehn et al.'s grow-diag-final-and of two directional link sets (both as (source, target))."""
     union = forward | reverse
     links = set(forward & reverse)
+    sources, targets = {s for s, _ in links}, {t for _, t in links}
     neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
 
-    def aligned_source(links_: set) -> set:
-        return {s for s, _ in links_}
-
-    def aligned_target(links_: set) -> set:
-        return {t for _, t in links_}
+    def add(link: Link) -> None:
+        links.add(link)
+        sources.add(link[0])
+        targets.add(link[1])
 
     added = True
     while added:
@@ -207,11 +207,11 @@ def grow_diag_final_and(forward: set, reverse: set) -> set:
             for ds, dt in neighbours:
                 candidate = (s + ds, t + dt)
                 if candidate in union and candidate not in links:
-                    if candidate[0] not in aligned_source(links) or candidate[1] not in aligned_target(links):
-                        links.add(candidate)
+                    if candidate[0] not in sources or candidate[1] not in targets:
+                        add(candidate)
                         added = True
     for directional in (forward, reverse):
         for candidate in sorted(directional):
-            if candidate[0] not in aligned_source(links) and candidate[1] not in aligned_target(links):
-                links.add(candidate)
+            if candidate[0] not in sources and candidate[1] not in targets:
+                add(candidate)
     return links
