@@ -36,6 +36,7 @@ from model.alignment import (
     transpose,
     words_from_pieces,
 )
+from model.data import collate
 from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
 
@@ -113,18 +114,7 @@ def forced_maps(
     order = sorted(range(len(items)), key=lambda i: len(encoded[i][0]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        source_width = max(len(encoded[i][0]) for i in chunk)
-        target_width = max(len(encoded[i][1]) for i in chunk)
-        pad = config.pad_token_id
-        source = torch.full((len(chunk), source_width), pad, dtype=torch.long, device=device)
-        decoder_input = torch.full((len(chunk), target_width), pad, dtype=torch.long, device=device)
-        for row, index in enumerate(chunk):
-            source_ids, target_ids = encoded[index]
-            source[row, : len(source_ids)] = torch.tensor(source_ids)
-            decoder_input[row, : len(target_ids)] = torch.tensor([config.decoder_start_token_id, *target_ids[:-1]])
-        mask = source != pad
-        for row, index in enumerate(chunk):
-            mask[row, : len(encoded[index][0])] = True
+        source, mask, decoder_input, _ = (t.to(device) for t in collate(encoded, chunk, config))
         _, cross = model.decode(decoder_input, model.encode(source, mask), need_weights=True)
         stacked = torch.stack(cross, dim=1).float().cpu()  # (B, L, H, T, S)
         for row, index in enumerate(chunk):

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from model.checkpoint import load_state, save_model
 from model.config import ModelConfig
-from model.data import dev_references, read_pairs
+from model.data import collate, dev_references, read_pairs
 from model.evaluate import evaluate
 from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
 from model.transformer import Transformer
@@ -257,24 +257,6 @@ def guided_alignment_loss(attention: torch.Tensor, guide: torch.Tensor) -> torch
 def resolve_alignment_head(options: TrainingOptions, config: ModelConfig) -> tuple[int, int | None]:
     layer = options.alignment_layer if options.alignment_layer >= 0 else max(0, config.decoder_layers - 2)
     return layer, (options.alignment_head if options.alignment_head >= 0 else None)
-
-
-def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], config: ModelConfig):
-    pad = config.pad_token_id
-    sources = [examples[i][0] for i in indices]
-    targets = [examples[i][1] for i in indices]
-    source_width = max(map(len, sources))
-    target_width = max(map(len, targets))
-    source_ids = torch.full((len(indices), source_width), pad, dtype=torch.long)
-    decoder_input = torch.full((len(indices), target_width), pad, dtype=torch.long)
-    labels = torch.full((len(indices), target_width), -100, dtype=torch.long)
-    for row, (source, target) in enumerate(zip(sources, targets)):
-        source_ids[row, : len(source)] = torch.tensor(source)
-        decoder_input[row, 0] = config.decoder_start_token_id
-        decoder_input[row, 1 : len(target)] = torch.tensor(target[:-1])
-        labels[row, : len(target)] = torch.tensor(target)
-    source_mask = torch.arange(source_width)[None, :] < torch.tensor([len(s) for s in sources])[:, None]
-    return source_ids, source_mask, decoder_input, labels
 
 
 # ---- evaluation ----------------------------------------------------------------------
