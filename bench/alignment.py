@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             report["models"][name] = {
                 "weights_digest": translator.weights_digest,
                 **{
-                    part: alignment_report(translator.model, translator.tokenizer, items, layer, head)
+                    part: alignment_report(
+                        translator.model, translator.tokenizer, items, layer, head, translator.alignment_shift
+                    )
                     for part, items in sets.items()
                 },
             }
@@ -84,13 +86,19 @@ def print_table(report: dict) -> None:
     for name, result in report["models"].items():
         for part in ("in_domain", "gold"):
             r = result[part]
-            best = min(r["heads"].items(), key=lambda item: item[1]["aer"])
+            readings = [
+                (value[key], f"{name_} {step}")
+                for name_, value in r["heads"].items()
+                for key, step in (("aer", "prediction"), ("aer_shift", "input"))
+            ]
+            best = min(readings)
             head = r["alignment_head"]
             where = f"layer {head['layer']} " + ("mean" if head["head"] is None else f"head {head['head']}")
+            where += ", input step" if head.get("shift") else ", prediction step"
             service = r["service"]
             print(
                 f"| {name} | {part} | {where} | {service['aer']} | {service['precision']} | {service['recall']} "
-                f"| {r['entropy']} | {best[0]} ({best[1]['aer']}) | {r['diagonal']['aer']} "
+                f"| {r['entropy']} | {best[1]} ({best[0]}) | {r['diagonal']['aer']} "
                 f"| {r['encoder_similarity']} |"
             )
 

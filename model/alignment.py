@@ -34,10 +34,17 @@ def attention_links(matrix: Tensor, shift: bool = False) -> list[Link]:
     if width <= 1:
         return [(0, t) for t in range(rows)]
     content = matrix[:, : width - 1].float()
-    if shift and rows > 1:
-        content = torch.cat([content[1:], content[-1:]], dim=0)
+    if shift:
+        content = shift_rows(content)
     best = content.argmax(dim=-1).tolist()
     return [(source, target) for target, source in enumerate(best)]
+
+
+def shift_rows(matrix: Tensor) -> Tensor:
+    """Row t becomes row t + 1 (the step where target token t is the decoder's input); the last row stays."""
+    if matrix.size(-2) <= 1:
+        return matrix
+    return torch.cat([matrix[..., 1:, :], matrix[..., -1:, :]], dim=-2)
 
 
 def normalized_entropy(matrix: Tensor) -> float:
@@ -50,10 +57,14 @@ def normalized_entropy(matrix: Tensor) -> float:
     return float((entropy / math.log(width)).mean())
 
 
-def alignment_matrix(cross_attention: Tensor, layer: int, head: int | None) -> Tensor:
-    """The (T, S) map an alignment is read from: one head, or the layer's head average (head None)."""
+def alignment_matrix(cross_attention: Tensor, layer: int, head: int | None, shift: bool = False) -> Tensor:
+    """The (T, S) map an alignment is read from: one head, or the layer's head average (head None).
+
+    With `shift`, row t is the step where target token t is the decoder's input (`shift_rows`).
+    """
     layer_maps = cross_attention[layer].float()
-    return layer_maps.mean(dim=0) if head is None else layer_maps[head]
+    matrix = layer_maps.mean(dim=0) if head is None else layer_maps[head]
+    return shift_rows(matrix) if shift else matrix
 
 
 # ---- pieces ↔ words -------------------------------------------------------------------------

@@ -56,6 +56,10 @@ class ModelConfig:
     # The cross-attention head trained with guided alignment (None: the alignment layer's head average).
     alignment_layer: int | None = None
     alignment_head: int | None = None
+    # True: target token t's alignment is read at the step where t is the decoder's input (the
+    # "shift" reading, Chen et al. 2020), the row guided alignment trained; False: at the step
+    # that predicts t.
+    alignment_shift: bool = False
 
     def __post_init__(self) -> None:
         if self.alignment_layer is not None and not 0 <= self.alignment_layer < self.decoder_layers:

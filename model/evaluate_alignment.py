@@ -161,8 +161,8 @@ def score_head(
     """AER of the links read from one head (or a layer's head average) against the items' references."""
     predicted = []
     for forced in maps:
-        matrix = alignment_matrix(forced.cross_attention, layer, head)
-        predicted.append(words_from_pieces(attention_links(matrix, shift), forced.source_map, forced.target_map))
+        matrix = alignment_matrix(forced.cross_attention, layer, head, shift)
+        predicted.append(words_from_pieces(attention_links(matrix), forced.source_map, forced.target_map))
     return alignment_error_rate(predicted, [item.reference for item in items])
 
 
@@ -177,8 +177,8 @@ def score_diagonal(maps: list[ForcedMaps], items: list[AlignmentItem]) -> Alignm
     return alignment_error_rate(predicted, [item.reference for item in items])
 
 
-def mean_entropy(maps: list[ForcedMaps], layer: int, head: int | None) -> float:
-    values = [normalized_entropy(alignment_matrix(f.cross_attention, layer, head)) for f in maps]
+def mean_entropy(maps: list[ForcedMaps], layer: int, head: int | None, shift: bool = False) -> float:
+    values = [normalized_entropy(alignment_matrix(f.cross_attention, layer, head, shift)) for f in maps]
     return round(sum(values) / max(len(values), 1), 4)
 
 
@@ -188,16 +188,25 @@ def alignment_report(
     items: list[AlignmentItem],
     layer: int,
     head: int | None,
+    shift: bool = False,
     every_head: bool = True,
 ) -> dict:
-    """The alignment head's AER/precision/recall and entropy, and (every_head) every layer and head."""
+    """The alignment head's AER/precision/recall and entropy, and (every_head) every layer and head.
+
+    "service" is the alignment as the service reads it (`shift` as the model's config declares);
+    "readings" scores the same head read at the step predicting each target token ("prediction")
+    and at the step where it is the decoder's input ("input", Chen et al.'s shift).
+    """
     maps = forced_maps(model, tokenizer, items)
     report = {
         "pairs": len(items),
-        "alignment_head": {"layer": layer, "head": head},
-        "service": score_head(maps, items, layer, head).as_dict(),
-        "service_shift": score_head(maps, items, layer, head, shift=True).as_dict(),
-        "entropy": mean_entropy(maps, layer, head),
+        "alignment_head": {"layer": layer, "head": head, "shift": shift},
+        "service": score_head(maps, items, layer, head, shift).as_dict(),
+        "readings": {
+            "prediction": score_head(maps, items, layer, head).as_dict()["aer"],
+            "input": score_head(maps, items, layer, head, shift=True).as_dict()["aer"],
+        },
+        "entropy": mean_entropy(maps, layer, head, shift),
         "diagonal": score_diagonal(maps, items).as_dict(),
         "encoder_similarity": encoder_position_similarity(model, tokenizer, [item.source for item in items[:100]]),
     }
@@ -237,15 +246,14 @@ def main(argv: list[str] | None = None) -> None:
     translator = Translator.from_pretrained(args.model, device="cpu")
     source_language = args.source_language or translator.name.split("-")[0]
     layer, head = translator.alignment_head
+    shift = translator.alignment_shift
     report = {"model": translator.name, "source_language": source_language}
     if args.gold:
-        report["gold"] = alignment_report(
-            translator.model, translator.tokenizer, gold_items(args.gold, source_language), layer, head
-        )
+        items = gold_items(args.gold, source_language)
+        report["gold"] = alignment_report(translator.model, translator.tokenizer, items, layer, head, shift)
     if args.links:
-        report["links"] = alignment_report(
-            translator.model, translator.tokenizer, link_items(args.links, source_language, args.limit), layer, head
-        )
+        items = link_items(args.links, source_language, args.limit)
+        report["links"] = alignment_report(translator.model, translator.tokenizer, items, layer, head, shift)
     text = json.dumps(report, indent=1)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,7 @@ class TrainingOptions:
     guided_alignment_weight: float = 0.1
     alignment_layer: int = -1  # -1: the penultimate decoder layer
     alignment_head: int = 0  # -1: the layer's head average
+    alignment_shift: bool = False  # guide target token t at the step where t is the decoder's input
     alignment_dev: str = ""  # eflomal links of dev pairs (dev.jsonl): in-domain AER per epoch
     alignment_gold: str = ""  # human gold directory: gold AER per epoch
     source_language: str = ""  # "en", "zh", …; empty: guessed from the training sources' script
@@ -238,11 +239,17 @@ def load_guides(path: str, pairs: list[tuple[str, str]], tokenizer: MarianTokeni
     return guides
 
 
-def guide_tensor(guides: list[list[tuple[int, int]]], source_width: int, target_width: int) -> torch.Tensor:
-    """(B, T, S) guide: each target row with links spreads 1 evenly over its linked source pieces."""
+def guide_tensor(
+    guides: list[list[tuple[int, int]]], source_width: int, target_width: int, shift: bool = False
+) -> torch.Tensor:
+    """(B, T, S) guide: each target row with links spreads 1 evenly over its linked source pieces.
+
+    With `shift`, target token t's links guide row t + 1, the step where t is the decoder's input.
+    """
     guide = torch.zeros(len(guides), target_width, source_width)
     for row, links in enumerate(guides):
         for source, target in links:
+            target += int(shift)
             if source < source_width and target < target_width:
                 guide[row, target, source] = 1.0
     return guide / guide.sum(dim=-1, keepdim=True).clamp_min(1.0)
@@ -285,6 +292,7 @@ class AlignmentMonitor:
 
         self.tokenizer = tokenizer
         self.layer, self.head = config.alignment_source()
+        self.shift = config.alignment_shift
         self.sets = {}
         if options.alignment_dev:
             self.sets["dev"] = link_items(options.alignment_dev, language, limit=300)
@@ -306,7 +314,7 @@ class AlignmentMonitor:
                 )
         for name, items in self.sets.items():
             maps = forced_maps(model, self.tokenizer, items)
-            record[f"{name}_aer"] = score_head(maps, items, self.layer, self.head).as_dict()["aer"]
+            record[f"{name}_aer"] = score_head(maps, items, self.layer, self.head, self.shift).as_dict()["aer"]
             record[f"{name}_entropy"] = mean_entropy(maps, self.layer, self.head)
             if record[f"{name}_entropy"] >= self.FLAT_ENTROPY:
                 logger.warning(
@@ -463,6 +471,7 @@ def build_model(options: TrainingOptions, tokenizer: MarianTokenizer) -> Transfo
     config = build_config(options, tokenizer)
     if options.guided_alignment:
         config.alignment_layer, config.alignment_head = resolve_alignment_head(options, config)
+        config.alignment_shift = options.alignment_shift
     model = Transformer(config)
     for name, parameter in model.named_parameters():
         if parameter.dim() > 1:
@@ -544,7 +553,12 @@ def run_epoch(options, model: Transformer, optimizer, data: TrainingData, state:
                 logits = model.logits(hidden)
                 layer, head = config.alignment_layer, config.alignment_head
                 attention = cross[layer].mean(dim=1) if head is None else cross[layer][:, head]
-                guide = guide_tensor([data.guides[i] for i in batches[batch_index]], source_ids.size(1), labels.size(1))
+                guide = guide_tensor(
+                    [data.guides[i] for i in batches[batch_index]],
+                    source_ids.size(1),
+                    labels.size(1),
+                    config.alignment_shift,
+                )
                 alignment_loss = guided_alignment_loss(attention, guide)
             else:
                 logits = model(source_ids, source_mask, decoder_input)

@@ -74,16 +74,24 @@ class Translation:
     alternatives: list[Translation] = field(default_factory=list)
 
 
-def token_alignment(cross_attention: Tensor, layer: int, head: int | None = None) -> list[tuple[int, int]]:
+def token_alignment(
+    cross_attention: Tensor, layer: int, head: int | None = None, shift: bool = False
+) -> list[tuple[int, int]]:
     """For each target token, the source token the alignment head weighs most, never the source </s>.
 
-    head None reads the layer's head average (a model without a declared alignment head).
+    head None reads the layer's head average (a model without a declared alignment head); `shift`
+    reads target token t at the step where t is the decoder's input (the row guided alignment trained).
     """
-    return attention_links(alignment_matrix(cross_attention, layer, head))
+    return attention_links(alignment_matrix(cross_attention, layer, head, shift))
 
 
 def word_alignment(
-    cross_attention: Tensor, layer: int, source_tokens: list[str], target_tokens: list[str], head: int | None = None
+    cross_attention: Tensor,
+    layer: int,
+    source_tokens: list[str],
+    target_tokens: list[str],
+    head: int | None = None,
+    shift: bool = False,
 ) -> tuple[list[tuple[int, int]], list[str], list[str]]:
     """Merge pieces into words; each target word aligns to the source word receiving most attention mass.
 
@@ -91,7 +99,7 @@ def word_alignment(
     """
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
-    matrix = alignment_matrix(cross_attention, layer, head)  # (T, S)
+    matrix = alignment_matrix(cross_attention, layer, head, shift)  # (T, S)
     candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
     if not candidates:
         candidates = list(range(len(source_groups)))
@@ -129,6 +137,7 @@ class Explanation:
     alignment_head: tuple[int, int | None]
     cross_attention: Tensor  # (decoder_layers, heads, T, S)
     encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
+    alignment_shift: bool = False  # alignments read at the step where each target token is the decoder's input
 
 
 def blank_translation() -> Translation:
@@ -205,6 +214,12 @@ class Translator:
         alignment_head); otherwise the penultimate layer's head average is used.
         """
         return self.config.alignment_source()
+
+    @property
+    def alignment_shift(self) -> bool:
+        """True when target token t's alignment is read at the step where t is the decoder's input
+        (the model declares `alignment_shift` in config.json), else at the step that predicts t."""
+        return self.config.alignment_shift
 
     def encode_source(self, texts: list[str]) -> list[list[int]]:
         """Texts → vocabulary ids with the final </s> (the ids MarianTokenizer gives)."""
@@ -302,8 +317,9 @@ class Translator:
 
     def _alignments(self, attention: Tensor, source_tokens: list[str], target_tokens: list[str]):
         layer, head = self.alignment_head
-        words = word_alignment(attention, layer, source_tokens, target_tokens, head)
-        return token_alignment(attention, layer, head), words
+        shift = self.alignment_shift
+        words = word_alignment(attention, layer, source_tokens, target_tokens, head, shift)
+        return token_alignment(attention, layer, head, shift), words
 
     def explain(self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False) -> Explanation:
         """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
@@ -325,6 +341,7 @@ class Translator:
             source_words=words[1],
             target_words=words[2],
             alignment_head=self.alignment_head,
+            alignment_shift=self.alignment_shift,
             cross_attention=decoded.cross_attention,
             encoder_self_attention=decoded.encoder_self_attention if encoder_attention else None,
         )

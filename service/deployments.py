@@ -109,6 +109,7 @@ class TranslatorDeployment:
             "d_model": config.d_model,
             "alignment_layer": self.translator.alignment_layer,
             "alignment_head": self.translator.alignment_head[1],
+            "alignment_shift": self.translator.alignment_shift,
             "max_source_tokens": config.max_position_embeddings,
             "max_text_characters": MAX_TEXT_CHARS,
         }
@@ -182,13 +183,17 @@ class TranslatorDeployment:
         self.metrics.texts.labels(self.spec.id, self.replica).inc()
         self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
         self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
-        head = self.translator.alignment_head
+        head, shift = self.translator.alignment_head, self.translator.alignment_shift
         result = hypothesis_json(
-            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, head
+            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, head, shift
         )
         result["alternatives"] = [
             hypothesis_json(
-                alternative, self._explanation_id(alternative.source_ids, alternative.target_ids), attention, head
+                alternative,
+                self._explanation_id(alternative.source_ids, alternative.target_ids),
+                attention,
+                head,
+                shift,
             )
             for alternative in translation.alternatives
         ] or None

@@ -17,14 +17,22 @@ def head_average(heads: list[list[list[float]]]) -> list[list[float]]:
     return [[sum(column) / count for column in zip(*rows)] for rows in zip(*heads)]
 
 
-def alignment_map(cross_attention: list, alignment_head: tuple[int, int | None]) -> list[list[float]]:
-    """The [target][source] map alignments are read from: the alignment head, or its layer's head average."""
+def alignment_map(
+    cross_attention: list, alignment_head: tuple[int, int | None], shift: bool = False
+) -> list[list[float]]:
+    """The [target][source] map alignments are read from: the alignment head, or its layer's head average;
+    with `shift`, row t is the step where target token t is the decoder's input (the last row repeats)."""
     layer, head = alignment_head
-    return head_average(cross_attention[layer]) if head is None else cross_attention[layer][head]
+    rows = head_average(cross_attention[layer]) if head is None else cross_attention[layer][head]
+    return rows[1:] + rows[-1:] if shift and len(rows) > 1 else rows
 
 
 def hypothesis_json(
-    translation: Translation, explanation_id: str, attention: str, alignment_head: tuple[int, int | None]
+    translation: Translation,
+    explanation_id: str,
+    attention: str,
+    alignment_head: tuple[int, int | None],
+    shift: bool = False,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "text": translation.text,
@@ -43,7 +51,8 @@ def hypothesis_json(
         result["attention"] = {
             "layer": alignment_head[0],
             "head": alignment_head[1],
-            "summary": alignment_map(cross_attention, alignment_head),
+            "shift": shift,
+            "summary": alignment_map(cross_attention, alignment_head, shift),
             "cross_attention": cross_attention if attention == "full" else None,
         }
     return result
@@ -61,6 +70,7 @@ def explanation_json(explained: Explanation, model_id: str, explanation_id: str)
         "token_scores": [float(x) for x in explained.token_logprobs],
         "alignment_layer": explained.alignment_head[0],
         "alignment_head": explained.alignment_head[1],
+        "alignment_shift": explained.alignment_shift,
         "alignment": [list(pair) for pair in explained.alignment],
         "word_alignment": [list(pair) for pair in explained.word_alignment],
         "source_words": explained.source_words,

@@ -84,8 +84,15 @@ class AttentionMaps(BaseModel):
         description="The alignment head of that layer; null: the model declares none and `summary` is the "
         "layer's head average."
     )
+    shift: bool = Field(
+        False,
+        description="true: row t of `summary` is the alignment head at the step where target token t is the "
+        "decoder's input (the step after the one that predicted it; the last row repeats), the row "
+        "`alignment` is read from.",
+    )
     summary: list[list[float]] = Field(
-        description="[target_token][source_token]: the alignment head's weights; rows sum to 1."
+        description="[target_token][source_token]: the alignment head's weights, row t the one target token t's "
+        "alignment is read from; rows sum to 1."
     )
     cross_attention: list[list[list[list[float]]]] | None = Field(
         None, description='[layer][head][target_token][source_token]; only with attention: "full".'
@@ -147,6 +154,10 @@ class ExplanationResponse(BaseModel):
     token_scores: list[float]
     alignment_layer: int
     alignment_head: int | None = Field(description="The alignment head of alignment_layer; null: the head average.")
+    alignment_shift: bool = Field(
+        description="true: target token t's alignment is read from the attention row of the next step, where t "
+        "is the decoder's input (the row guided alignment trained); false: from the row that predicts t."
+    )
     alignment: list[AlignmentPair]
     word_alignment: list[AlignmentPair] = Field(description="The same word alignment the translation carried.")
     source_words: list[str]
@@ -242,6 +253,10 @@ class ModelInfo(BaseModel):
     alignment_layer: int = Field(description="The decoder layer alignments are read from.")
     alignment_head: int | None = Field(
         description="The head of alignment_layer trained with guided alignment; null: the layer's head average."
+    )
+    alignment_shift: bool = Field(
+        description="true: target token t's alignment is read from the alignment head's row at the step where t is "
+        "the decoder's input (one row later than the step that predicted it); false: from the row that predicted t."
     )
     max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")
     max_text_characters: int = Field(description="The most characters a text may have.")

@@ -69,6 +69,10 @@ function init() {
     state.head = event.target.value === "avg" ? "avg" : Number(event.target.value);
     renderAttention();
   });
+  $("#rows-select").addEventListener("change", (event) => {
+    state.rows = event.target.value;
+    renderAttention();
+  });
   for (const radio of $$("input[name=view]"))
     radio.addEventListener("change", (event) => {
       state.view = event.target.value;

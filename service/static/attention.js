@@ -4,7 +4,7 @@
 import { $, $$, clamp, compact, el, fixed, options, svg } from "./dom.js";
 import { t } from "./i18n.js";
 import { alignmentSource, languages, range, state } from "./state.js";
-import { buildView, headMatrix, isCjk } from "./tokens.js";
+import { buildView, displayedRows, headMatrix, isCjk } from "./tokens.js";
 import { renderConfidence } from "./translation.js";
 
 /**
@@ -199,7 +199,8 @@ export function drawAlignmentLines(view, selected) {
 
 /**
  * Open a new explanation on the alignment head (the map the served alignment is read from, as GET /v1/models
- * states it) so heatmap and lines agree; a model without one aligns by its alignment layer's head average.
+ * states it) and on the rows it is read at (the model's alignment_shift), so heatmap and lines agree; a model
+ * without an alignment head aligns by its alignment layer's head average.
  */
 export function showAttention(explanation) {
   const layers = explanation.cross_attention.length;
@@ -207,7 +208,9 @@ export function showAttention(explanation) {
   const alignment = alignmentSource(explanation);
   state.layer = clamp(alignment.layer ?? 0, 0, layers - 1);
   state.head = alignment.head ?? "avg";
+  state.rows = alignment.shift ? "reads" : "predicts";
   state.selectedPiece = null;
+  $("#rows-select").value = state.rows;
   options($("#layer-select"), range(layers).map((l) => ({ value: l, label: `${l + 1} / ${layers}` })), state.layer);
   options(
     $("#head-select"),
@@ -218,17 +221,19 @@ export function showAttention(explanation) {
   renderAttention();
 }
 
-/** One line under the attention controls: which layer and head the alignment is read from. */
+/** One line under the attention controls: which layer and head the alignment is read from, and at which step. */
 export function describeAlignmentHead() {
   const e = state.explanation;
   if (!e) return;
-  const { layer, head } = alignmentSource(e);
+  const { layer, head, shift } = alignmentSource(e);
   const note = $("#alignment-head-note");
   if (layer === undefined || layer === null) {
     note.textContent = "";
     return;
   }
-  note.textContent = head === null ? t("alignment_head_avg", { layer: layer + 1 }) : t("alignment_head", { layer: layer + 1, head: head + 1 });
+  const where = head === null ? t("alignment_head_avg", { layer: layer + 1 }) : t("alignment_head", { layer: layer + 1, head: head + 1 });
+  // A shifted reading is not what "attention while predicting" suggests: say so, or the rows look off by one.
+  note.textContent = shift ? `${where} ${t("alignment_shifted")}` : where;
 }
 
 /** After a language switch: the words of the panel that are not in index.html. */
@@ -238,11 +243,15 @@ export function relabelAttention() {
   describeAlignmentHead();
 }
 
-/** Draw the chosen layer and head (or head average) as pieces or words: confidence, heatmap, alignment. */
+/**
+ * Draw the chosen layer and head (or head average) at the chosen rows, as pieces or words: confidence,
+ * heatmap, alignment. Cells, tooltips, line widths and the summary all read the displayed rows (view.matrix).
+ */
 export function renderAttention() {
   const e = state.explanation;
   if (!e) return;
-  const matrix = headMatrix(e.cross_attention, state.layer, state.head);
+  // Shift the piece rows before any word merging, as the service does before it groups pieces into words.
+  const matrix = displayedRows(headMatrix(e.cross_attention, state.layer, state.head), state.rows);
   const view = buildView(state.view, e.source_tokens, e.target_tokens, matrix, e.alignment ?? [], e.token_scores ?? state.translation?.token_scores);
   // The word alignment the server computed (the same on a permalink as on the fresh translation).
   const words = e.word_alignment ?? state.translation?.word_alignment;

@@ -13,6 +13,7 @@ export const state = {
   explanationId: null,
   layer: 0,
   head: "avg",
+  rows: "predicts", // heatmap row t: "predicts" (the step that predicts token t) or "reads" (the next step, t as input)
   view: "pieces",
   selectedPiece: null, // canonical selection: a target piece index
   current: null, // the token view on screen (see tokens.buildView)
@@ -32,13 +33,15 @@ export function languages() {
 
 /**
  * The map alignments are read from, as GET /v1/models states it for the model (the explanation carries the
- * same): {layer, head}, head null for the layer's head average.
+ * same): {layer, head, shift}, head null for the layer's head average, shift true when target token t is read
+ * at the step where it is the decoder's input (one step after the step that predicted it).
  */
 export function alignmentSource(explanation) {
   const info = modelInfo(explanation.model);
   return {
     layer: info.alignment_layer ?? explanation.alignment_layer,
     head: info.alignment_head !== undefined ? info.alignment_head : explanation.alignment_head ?? null,
+    shift: Boolean(info.alignment_shift ?? explanation.alignment_shift),
   };
 }
 

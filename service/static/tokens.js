@@ -115,3 +115,13 @@ export function headMatrix(crossAttention, layer, head) {
   for (const h of heads) for (let t = 0; t < rows; t++) for (let s = 0; s < cols; s++) mean[t][s] += h[t][s] / heads.length;
   return mean;
 }
+
+/**
+ * The rows the heatmap shows. "predicts": row t is the decoding step that predicts target token t (the
+ * raw cross_attention). "reads": row t is the next step, where token t is the decoder's input (Chen et al.
+ * 2020); the last row repeats, as the service's shifted alignment reads it (model/alignment.shift_rows).
+ */
+export function displayedRows(matrix, rows) {
+  if (rows !== "reads" || matrix.length <= 1) return matrix;
+  return [...matrix.slice(1), matrix[matrix.length - 1]];
+}

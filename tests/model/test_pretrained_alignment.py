@@ -69,7 +69,9 @@ def test_shipped_models_align_words_in_domain(shipped, eflomal_links):
     layer, head = translator.alignment_head
     assert head is not None, f"{name} declares no alignment head"
     items = link_items(eflomal_links / "dev.jsonl", MODELS[name])
-    report = alignment_report(translator.model, translator.tokenizer, items, layer, head, every_head=False)
+    report = alignment_report(
+        translator.model, translator.tokenizer, items, layer, head, translator.alignment_shift, every_head=False
+    )
     assert report["entropy"] <= ENTROPY, report
     # as recorded in bench/results/alignment.json (the model cards' figure), and far better than before
     # guided alignment (bench/results/alignment-before.json) and than the diagonal
@@ -82,7 +84,9 @@ def test_shipped_models_gold_aer_is_no_worse_than_their_cards(shipped):
     name, translator = shipped
     layer, head = translator.alignment_head
     items = gold_items(GOLD, MODELS[name])
-    report = alignment_report(translator.model, translator.tokenizer, items, layer, head, every_head=False)
+    report = alignment_report(
+        translator.model, translator.tokenizer, items, layer, head, translator.alignment_shift, every_head=False
+    )
     assert report["service"]["aer"] <= recorded(name, "gold") + 0.5, report
     assert report["service"]["aer"] < recorded(name, "gold", "alignment-before.json"), report
 

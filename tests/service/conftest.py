@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -115,16 +115,20 @@ class ServeExitedError(RuntimeError):
     """`serve run` exited during startup (on an overloaded machine Ray's node can time out starting)."""
 
 
-@pytest.fixture(scope="session")
-def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[dict]:
-    """A running `serve run` of the test config: {"url", "guarded_url", "config", "log"}."""
+def serve_started(
+    root: Path, make_config: Callable[[int, Path], dict], ready_paths: tuple[str, ...] = ("/readyz",)
+) -> Iterator[tuple[str, dict, Path]]:
+    """Start `serve run` of make_config(port, metrics folder), wait for ready_paths, yield (url, config, log);
+    stop it by its own process group afterwards. An overloaded machine can time out starting Ray's node:
+    up to STARTUP_ATTEMPTS tries."""
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
-        root = tmp_path_factory.mktemp("serve")
+        folder = root / f"attempt{attempt}"
+        folder.mkdir(parents=True, exist_ok=True)
         port = _free_port()
-        config = serve_config_for_tests(tiny_models, root / "metrics", port)
-        config_path = root / "serve.yaml"
+        config = make_config(port, folder / "metrics")
+        config_path = folder / "serve.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        log_path = root / "serve.log"
+        log_path = folder / "serve.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 _serve_command(config_path),
@@ -136,8 +140,8 @@ def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[s
             )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(f"{url}/readyz", process, log_path)
-            _wait_ready(f"{url}{GUARDED_PREFIX}/readyz", process, log_path)
+            for path in ready_paths:
+                _wait_ready(f"{url}{path}", process, log_path)
         except ServeExitedError:
             _stop(process)
             if attempt == STARTUP_ATTEMPTS:
@@ -147,10 +151,22 @@ def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[s
             _stop(process)
             raise
         try:
-            yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
+            yield url, config, log_path
         finally:
             _stop(process)
         return
+
+
+@pytest.fixture(scope="session")
+def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[dict]:
+    """A running `serve run` of the test config: {"url", "guarded_url", "config", "log"}."""
+    root = tmp_path_factory.mktemp("serve")
+    for url, config, log_path in serve_started(
+        root,
+        lambda port, metrics: serve_config_for_tests(tiny_models, metrics, port),
+        ("/readyz", f"{GUARDED_PREFIX}/readyz"),
+    ):
+        yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
 
 
 def _serve_environment() -> dict[str, str]:

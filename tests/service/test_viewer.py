@@ -8,14 +8,18 @@ go to artifacts/viewer/ (ignored by git).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.service.conftest import serve_config_for_tests, serve_started
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
 
@@ -67,6 +71,31 @@ def model(api: httpx.Client) -> dict:
     """The model the tests translate with: en→zh when there is one."""
     models = api.get("/v1/models").json()["models"]
     return next((m for m in models if (m["source_lang"], m["target_lang"]) == ("en", "zh")), models[0])
+
+
+@pytest.fixture(scope="module")
+def shift_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
+    """A second, smaller `serve run` (one ingress, one translator) of the tiny en-zh model with its config.json
+    declaring "alignment_shift": true, as a model trained with shifted guided alignment does."""
+    root = tmp_path_factory.mktemp("shift")
+    model_dir = root / "tiny-en-zh-shift"
+    shutil.copytree(tiny_models["en-zh"], model_dir)
+    config_json = model_dir / "config.json"
+    config_json.write_text(json.dumps({**json.loads(config_json.read_text()), "alignment_shift": True}))
+    models = {"en-zh": model_dir, "zh-en": tiny_models["zh-en"]}
+
+    def config_for(port: int, metrics: Path) -> dict:
+        config = serve_config_for_tests(models, metrics, port)
+        main = config["applications"][0]
+        main["args"]["models"] = main["args"]["models"][:1]
+        main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
+        for deployment in main["deployments"]:
+            deployment["num_replicas"] = 1
+        config["applications"] = [main]
+        return config
+
+    for url, _, _ in serve_started(root, config_for):
+        yield url
 
 
 def open_page(browser: sync_api.Browser, service_url: str, color_scheme: str = "light", locale: str = "en-US"):
@@ -183,11 +212,18 @@ def location_explanation_id(page) -> str:
     return page.evaluate("decodeURIComponent(location.hash.replace('#explanation=', ''))")
 
 
+def shifted(rows: list) -> list:
+    """Row t becomes row t + 1, the step where target token t is the decoder's input; the last row repeats."""
+    return rows[1:] + rows[-1:] if len(rows) > 1 else rows
+
+
 def alignment_map(explanation: dict) -> list:
-    """The map the service reads alignments from: the declared alignment head, else the layer's head average."""
+    """The map the service reads alignments from: the declared alignment head, else the layer's head average,
+    at the rows the model reads them (shifted with alignment_shift)."""
     layer = explanation["cross_attention"][explanation["alignment_layer"]]
     head = explanation["alignment_head"]
-    return head_average(layer) if head is None else layer[head]
+    rows = head_average(layer) if head is None else layer[head]
+    return shifted(rows) if explanation["alignment_shift"] else rows
 
 
 # ---------------------------------------------------------------- tests
@@ -211,6 +247,10 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
         assert page.input_value("#head-select") == str(explanation["alignment_head"])
     else:
         assert "average" in note and page.input_value("#head-select") == "avg"
+    # The tiny models declare no alignment_shift: rows are the steps that predict each token, as the note implies.
+    assert model["alignment_shift"] is False and explanation["alignment_shift"] is False
+    assert page.input_value("#rows-select") == "predicts"
+    assert "decoder's input" not in note
     for (t, s), value in cells.items():
         assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
 
@@ -242,6 +282,65 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     assert len(cells) == len(words["target_words"]) * len(words["source_words"])
     for t in range(len(words["target_words"])):
         assert sum(cells[t, s] for s in range(len(words["source_words"]))) == pytest.approx(1, abs=1e-4)
+
+
+def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, shift_service_url):
+    """alignment_shift: row t of the alignment head is read at the step where token t is the decoder's input."""
+    with httpx.Client(base_url=shift_service_url, timeout=120) as api:
+        model = api.get("/v1/models").json()["models"][0]
+        assert model["alignment_shift"] is True and model["alignment_head"] is not None
+        context, page, errors = open_page(browser, shift_service_url)
+        try:
+            explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
+            assert explanation["alignment_shift"] is True
+            layer, head = explanation["alignment_layer"], explanation["alignment_head"]
+            raw = explanation["cross_attention"][layer][head]
+            target_count, source_count = len(raw), len(raw[0])
+            assert target_count >= 2, "a shift needs two rows to show"
+
+            # Opens on the alignment head, reading the rows the alignment is read from, and says so.
+            assert page.input_value("#head-select") == str(head)
+            assert page.input_value("#rows-select") == "reads"
+            assert "decoder's input" in page.inner_text("#alignment-head-note")
+            cells = shown_cells(page)
+            for (t, s), value in cells.items():
+                assert value == pytest.approx(raw[min(t + 1, target_count - 1)][s], abs=1e-6), (t, s)
+            # The brightest cell of each row (never the source </s>) is the token the server aligned it with.
+            aligned = {t: s for s, t in explanation["alignment"]}
+            for t in range(target_count):
+                row = [cells[t, s] for s in range(source_count - 1)]
+                assert row.index(max(row)) == aligned[t], t
+            # The lines stay the server's alignment.
+            lines = set(numbers(page, "#align-lines line.aligned", "s", "t"))
+            assert lines == {tuple(pair) for pair in explanation["alignment"]}
+
+            # The tooltip and the selection summary read the displayed rows too.
+            t, s = 0, aligned[0]
+            page.hover(f"#heatmap td.cell[data-t='{t}'][data-s='{s}']")
+            assert f"{raw[1][s]:.4f}" in page.inner_text("#tooltip")
+            page.click(f"#align-target button[data-t='{t}']")
+            assert f"({raw[1][s]:.2f})" in page.inner_text("#selection-summary")
+            look_at(page, "shift-reads-light-en")
+
+            # "predicts": the raw rows of cross_attention, lines unchanged.
+            page.select_option("#rows-select", "predicts")
+            cells = shown_cells(page)
+            assert len(cells) == target_count * source_count
+            for (t, s), value in cells.items():
+                assert value == pytest.approx(raw[t][s], abs=1e-9), (t, s)
+            assert set(numbers(page, "#align-lines line.aligned", "s", "t")) == lines
+            # Another head keeps the chosen rows.
+            page.select_option("#head-select", "avg")
+            average = head_average(explanation["cross_attention"][layer])
+            assert shown_cells(page)[0, 0] == pytest.approx(average[0][0], abs=1e-6)
+
+            # The note says it in Chinese too.
+            page.click("#ui-lang")
+            assert "解码器输入" in page.inner_text("#alignment-head-note")
+            assert page.inner_text("#rows-select option[value=reads]") == "读入该词元的一步"
+        finally:
+            context.close()
+    assert errors == [], errors
 
 
 def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
