@@ -1,12 +1,19 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
 from model.config import ModelConfig
-from model.errors import CheckpointError, InputTooLongError, InvalidInputError, TranslatorError, UnknownModelError
+from model.errors import (
+    CheckpointError,
+    DecoderBusyError,
+    InputTooLongError,
+    InvalidInputError,
+    TranslatorError,
+    UnknownModelError,
+)
 from model.explain import AttentionSteps
 from model.options import MAX_BEAM_SIZE, DecodingOptions
 from model.search import Hypothesis
 from model.transformer import Transformer
-from model.translator import Explanation, Translation, Translator
+from model.translator import Explanation, StreamedToken, Translation, Translator
 
 __all__ = [
     "AttentionSteps",
@@ -14,11 +21,13 @@ __all__ = [
     "MAX_BEAM_SIZE",
     "Explanation",
     "CheckpointError",
+    "DecoderBusyError",
     "Hypothesis",
     "InputTooLongError",
     "InvalidInputError",
     "ModelConfig",
     "Transformer",
+    "StreamedToken",
     "Translation",
     "Translator",
     "TranslatorError",

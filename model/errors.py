@@ -21,3 +21,7 @@ class UnknownModelError(TranslatorError, LookupError):
 
 class CheckpointError(TranslatorError):
     """A model directory is missing, corrupt, unsafe (pickle) or does not match its config."""
+
+
+class DecoderBusyError(TranslatorError):
+    """The continuous scheduler's queue is full: more requests wait than it was configured to hold."""

@@ -292,6 +292,7 @@ class DecoderCache:
     capacity: int = 0
     spare_key: list[Tensor] = field(default_factory=list)
     spare_value: list[Tensor] = field(default_factory=list)
+    self_mask: Tensor | None = None  # every row is at position `length`: nothing to hide
 
     @property
     def rows(self) -> int:
@@ -369,7 +370,8 @@ class DecoderLayer(nn.Module):
         """
         query, key, value = self.self_attn.project_query_key_value(x)  # (N, h, 1, d_k) each
         self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
-        attended, _ = self.self_attn.attend_one(query, self_key, self_value, None, False)
+        # cache.self_mask: None when every row is at the same position (model.scheduler's ragged rows set it)
+        attended, _ = self.self_attn.attend_one(query, self_key, self_value, cache.self_mask, False)
         x = _layer_norm(self.self_attn_layer_norm, x + attended)
         cross = self.encoder_attn
         query = linear(x, cross.q_proj.weight, cross.q_proj.bias, cross.q_proj.packed)  # (N, 1, d_model)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
+from model.scheduler import DecodeLoop, TokenCallback
 from model.search import Hypothesis, beam_search
 from model.tokenizer import MarianTokenizer, is_special_piece, word_groups
 from model.transformer import Transformer
@@ -117,6 +120,17 @@ def word_alignment(
 
 def _word_text(tokens: list[str], group: list[int]) -> str:
     return "".join(tokens[i] for i in group).replace("\u2581", " ").strip() or tokens[group[0]]
+
+
+@dataclass
+class StreamedToken:
+    """One token as greedy decoding produced it (Translator.submit's on_token)."""
+
+    index: int  # position in the output, from 0; the last streamed token is </s>
+    token_id: int
+    piece: str
+    logprob: float
+    attention: list[float] | None  # the alignment head's weights over the source tokens (</s> last) at this step
 
 
 @dataclass
@@ -294,6 +308,88 @@ class Translator:
             best.alternatives = built[1:]
             results.append(best)
         return results
+
+    # ---- continuous batching ----------------------------------------------------------------
+    _loop: DecodeLoop | None = None
+
+    def start_continuous(self, max_rows: int = 64, max_waiting: int = 1024) -> None:
+        """Start the continuous-batching loop `submit` feeds (model.scheduler.DecodeLoop): texts join
+        and leave the running decode at every step, each decoded as if alone."""
+        if self._loop is None:
+            self._loop = DecodeLoop(self.model, max_rows=max_rows, max_waiting=max_waiting)
+
+    @property
+    def decoder_rows(self) -> int:
+        """Rows the continuous loop is decoding now (0 without one)."""
+        return self._loop.scheduler.rows if self._loop is not None else 0
+
+    def stop_continuous(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def submit(
+        self,
+        text: str,
+        options: DecodingOptions | None = None,
+        *,
+        return_attention: bool = False,
+        on_token: Callable[[StreamedToken], None] | None = None,
+        **settings,
+    ) -> Future:
+        """Translate one text through the continuous loop (`start_continuous` first): a Future of its
+        Translation, equal to `translate([text], options)[0]`. With greedy decoding `on_token(StreamedToken)` is
+        called from the loop's thread as each token is decoded (beams are only known at the end).
+        Raises InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
+        if self._loop is None:
+            raise RuntimeError("call start_continuous() before submit()")
+        options = decoding_options(options, settings)
+        (source_ids,) = self.encode_source([text])
+        result: Future = Future()
+        if not text.strip():
+            result.set_result(blank_translation())
+            return result
+        if on_token is not None:
+            on_token = self._streamed(on_token)
+        decoding = self._loop.submit(source_ids, options, True, on_token)
+        result.decoding = decoding  # for cancel()
+
+        def built(finished: Future) -> None:
+            if result.cancelled():  # the caller stopped waiting (cancel() freed the rows)
+                return
+            error = finished.exception()
+            if error is not None:
+                result.set_exception(error)
+                return
+            try:
+                translations = [self._build(source_ids, h, return_attention) for h in finished.result()]
+            except Exception as failure:  # noqa: BLE001 - delivered to the waiting caller
+                result.set_exception(failure)
+                return
+            translations[0].alternatives = translations[1:]
+            result.set_result(translations[0])
+
+        decoding.add_done_callback(built)
+        return result
+
+    def _streamed(self, on_token: Callable[[StreamedToken], None]) -> TokenCallback:
+        layer, head = self.alignment_head
+
+        def streamed(request, token_id: int, logprob: float, attention: Tensor | None) -> None:
+            row = None
+            if attention is not None:
+                maps = attention[layer].float()  # (heads, S)
+                row = (maps.mean(dim=0) if head is None else maps[head]).tolist()
+            piece = self.tokenizer.target_tokens([token_id])[0]
+            on_token(StreamedToken(request.step - 1, token_id, piece, logprob, row))
+
+        return streamed
+
+    def cancel(self, future: Future) -> None:
+        """Stop decoding a text `submit` returned `future` for (its caller went away); frees its rows."""
+        decoding = getattr(future, "decoding", None)
+        if self._loop is not None and decoding is not None:
+            self._loop.cancel(decoding)
 
     def _build(self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool) -> Translation:
         source_tokens = self.tokenizer.source_tokens(source_ids)

@@ -10,10 +10,11 @@ routes get their own families' shapes there).
 """
 
 import asyncio
+import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, Response, StreamingResponse
 
 from service import deepl_v2, libretranslate
 from service.coalescing import Coalescer
@@ -63,6 +64,11 @@ logger = logging.getLogger("ray.serve")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 INFO_CACHE_S = 10.0
+
+
+def server_sent_event(event: dict) -> bytes:
+    """One SSE message: `event: <type>` and the event as one line of JSON."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
@@ -110,7 +116,9 @@ class Ingress:
             model: Coalescer(
                 partial(self._send_translations, model),
                 size=lambda call: len(call.texts),
-                max_calls=self.config.coalesce_max_calls,
+                # continuous decoding takes every request at once: holding calls back would make a short
+                # request wait behind a long one, which is what the scheduler exists to prevent
+                max_calls=0 if self.config.scheduler == "continuous" else self.config.coalesce_max_calls,
                 max_items=self.config.max_batch_size,
             )
             for model in translators
@@ -187,6 +195,44 @@ class Ingress:
         outcomes = await self.call(partial(self.coalescers[model].submit, call))
         return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
 
+    @api.post(
+        "/v1/translate/stream",
+        responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
+        summary="Translate one text, streamed as Server-Sent Events",
+    )
+    async def translate_stream(self, body: TranslateRequest) -> Response:
+        """One text. Events: `start` ({model, streams_tokens}); with `args.scheduler: continuous` and beam_size 1,
+        one `token` per decoded token ({index, piece, token_id, logprob, attention: the alignment head's weights
+        over the source tokens at the step that predicted it}); then `result` ({translation}: the object
+        /v1/translate returns for the text). Beam search streams no tokens: until it ends, any beam may win.
+        The text is not split into sentences. A client that disconnects stops the decode."""
+        if len(body.texts) != 1:
+            raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
+        model = self.pick_model(body.model, body.source_lang, body.target_lang)
+        call = TranslateCall(texts=body.texts, options=body.decoding_options(), attention=body.attention)
+        if self.in_flight >= self.config.max_in_flight_requests:
+            raise OverloadedError(self.config.retry_after_s)
+        stream = self.translators[model].options(stream=True).translate_stream.remote(call)
+        try:
+            first = await asyncio.wait_for(stream.__anext__(), self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            stream.cancel()
+            raise RequestTimeoutError(self.config.request_timeout_s) from None
+        if isinstance(first, Rejected):
+            raise first.error
+
+        async def events() -> AsyncIterator[bytes]:
+            self.in_flight += 1
+            try:
+                yield server_sent_event(first)
+                async for event in stream:
+                    yield server_sent_event(event)
+            finally:
+                self.in_flight -= 1
+                stream.cancel()  # a client gone mid-stream: the translator stops decoding
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
     @api.get(
         "/v1/explanations/{explanation_id}",
         response_model=ExplanationResponse,
@@ -251,6 +297,8 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
             batch_wait_timeout_s=config.batch_wait_timeout_s,
             explanation_secret_env=config.explanation_secret_env,
             metrics_dir=config.metrics_dir,
+            scheduler=config.scheduler,
+            max_rows=config.max_rows,
         )
         for spec in config.models
     }

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json as json_module
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -35,6 +37,26 @@ def _error_of(response: httpx.Response) -> ServiceError:
         return ServiceError(response.status_code, str(error["code"]), str(error["message"]))
     except (ValueError, KeyError, TypeError):
         return ServiceError(response.status_code, "http_error", response.text[:200])
+
+
+def _stream_body(text: str, source_lang, target_lang, model, options: dict) -> dict:
+    body = {"texts": [text], "source_lang": source_lang, "target_lang": target_lang, "model": model, **options}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+class _EventParser:
+    """Server-Sent Events, line by line: `feed` returns an event's JSON data at the blank line ending it."""
+
+    def __init__(self) -> None:
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> dict | None:
+        if line:
+            if line.startswith("data:"):
+                self.data.append(line[5:].lstrip())
+            return None
+        data, self.data = "\n".join(self.data), []
+        return json_module.loads(data) if data else None
 
 
 def _delay(response: httpx.Response | None, attempt: int, backoff_s: float) -> float:
@@ -143,6 +165,26 @@ class TranslationClient(_Client):
                 return self._result(response)
             time.sleep(delay)
 
+    def translate_stream(
+        self,
+        text: str,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        model: str | None = None,
+        **options: Any,
+    ) -> Iterator[dict]:
+        """POST /v1/translate/stream: the events as they arrive ("start", "token"s, "result"); options as
+        translate. Breaking out of the loop closes the connection, and the service stops decoding."""
+        body = _stream_body(text, source_lang, target_lang, model, options)
+        with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
+            if not response.is_success:
+                response.read()
+                raise _error_of(response)
+            parser = _EventParser()
+            for line in response.iter_lines():
+                if (event := parser.feed(line)) is not None:
+                    yield event
+
     def ready(self) -> bool:
         try:
             return self.http.get("/readyz").status_code == 200
@@ -181,6 +223,25 @@ class AsyncTranslationClient(_Client):
             if delay is None:
                 return self._result(response)
             await asyncio.sleep(delay)
+
+    async def translate_stream(
+        self,
+        text: str,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        model: str | None = None,
+        **options: Any,
+    ) -> AsyncIterator[dict]:
+        """POST /v1/translate/stream, as TranslationClient.translate_stream: `async for event in ...`."""
+        body = _stream_body(text, source_lang, target_lang, model, options)
+        async with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
+            if not response.is_success:
+                await response.aread()
+                raise _error_of(response)
+            parser = _EventParser()
+            async for line in response.aiter_lines():
+                if (event := parser.feed(line)) is not None:
+                    yield event
 
     async def ready(self) -> bool:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -48,6 +49,16 @@ class ServiceConfig(BaseModel):
     models: list[ModelSpec] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MODELS], min_length=1)
     max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (service/batching.py).")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="How long a batch waits to fill.")
+    scheduler: Literal["static", "continuous"] = Field(
+        "static",
+        description='"static": texts with equal options are decoded in batches, each to completion '
+        '(service/batching.py). "continuous": one decode loop per replica where texts join and leave at every '
+        "step (model/scheduler.py); batch_wait_timeout_s does not apply and the ingress does not hold calls back "
+        "(coalesce_max_calls is ignored).",
+    )
+    max_rows: int = Field(
+        64, ge=1, le=4096, description="continuous: decoder rows in flight per replica (a beam of k takes k rows)."
+    )
     coalesce_max_calls: int = Field(
         2,
         ge=0,

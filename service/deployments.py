@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
-from model import DecodingOptions, InputTooLongError, Translator, TranslatorError
+from model import DecodingOptions, InputTooLongError, StreamedToken, Translator, TranslatorError
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
@@ -78,10 +78,16 @@ class TranslatorDeployment:
         batch_wait_timeout_s: float = 0.01,
         explanation_secret_env: str = "TRANSLATE_EXPLANATION_SECRET",
         metrics_dir: str | None = None,
+        scheduler: str = "static",
+        max_rows: int = 64,
     ) -> None:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
         self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=self.spec.dtype)
+        self.continuous = scheduler == "continuous"
+        self._rows_task: asyncio.Task | None = None
+        if self.continuous:
+            self.translator.start_continuous(max_rows=max_rows)
         self.secret = explanation_secret(explanation_secret_env)
         self.batches: BatchQueue[BatchItem] = BatchQueue(self._decode_batch, max_batch_size, batch_wait_timeout_s)
         config = self.translator.config
@@ -147,19 +153,98 @@ class TranslatorDeployment:
         self._check_length_budget(options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
-        outcomes = await asyncio.gather(
-            *(self.batches.submit(BatchItem(text, options, attention), options) for text in texts),
-            return_exceptions=True,
-        )
+        if self.continuous:
+            decodes = [self._decode_continuously(text, options, attention) for text in texts]
+        else:
+            decodes = [self.batches.submit(BatchItem(text, options, attention), options) for text in texts]
+        outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         return outcomes
 
+    async def translate_stream(self, call: TranslateCall) -> AsyncIterator[dict | Rejected]:
+        """POST /v1/translate/stream of one text: {"type": "start"} once the text is accepted (or a Rejected
+        instead), with the continuous scheduler and greedy decoding one {"type": "token"} per token as it is
+        decoded, then {"type": "result", "translation": ...} as /v1/translate would give it. A consumer that
+        goes away (the client disconnected) cancels the decode and frees its rows."""
+        (text,) = call.texts
+        options, attention = call.options, call.attention
+        if not (self.continuous and options.beam_size == 1):
+            try:
+                (translation,) = await self._translate(call)
+            except REFUSALS as error:
+                yield Rejected(error)
+                return
+            yield {"type": "start", "model": self.spec.id, "streams_tokens": False}
+            yield {"type": "result", "translation": translation}
+            return
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def on_token(token: StreamedToken) -> None:
+            event = {
+                "type": "token",
+                "index": token.index,
+                "piece": token.piece,
+                "token_id": token.token_id,
+                "logprob": token.logprob,
+                "attention": token.attention,
+            }
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self._watch_rows()
+        try:
+            self._check_length_budget(options)
+            future = self.translator.submit(
+                text, options, return_attention=attention != "none", on_token=on_token
+            )
+        except REFUSALS as error:
+            yield Rejected(error)
+            return
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
+        yield {"type": "start", "model": self.spec.id, "streams_tokens": True}
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+            translation = future.result()
+        except (asyncio.CancelledError, GeneratorExit):
+            self._cancel(future)
+            raise
+        yield {"type": "result", "translation": self._translation_json(translation, attention)}
+
     def _check_length_budget(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
+
+    async def _decode_continuously(self, text: str, options: DecodingOptions, attention: str) -> dict:
+        """One text through the replica's decode loop; a caller that stops waiting frees its rows."""
+        self._watch_rows()
+        future = self.translator.submit(text, options, return_attention=attention != "none")
+        try:
+            translation = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self._cancel(future)
+            raise
+        return self._translation_json(translation, attention)
+
+    def _cancel(self, future) -> None:
+        """The caller went away: stop the decode; counted when it was still running (compute saved)."""
+        if not future.done():
+            self.translator.cancel(future)
+            self.metrics.cancelled_texts.labels(self.spec.id).inc()
+
+    def _watch_rows(self) -> None:
+        """Keep translation_decoder_rows current (every 0.2 s) once the loop has work."""
+        if self._rows_task is None:
+            self._rows_task = asyncio.get_running_loop().create_task(self._report_rows())
+
+    async def _report_rows(self) -> None:
+        gauge = self.metrics.decoder_rows.labels(self.spec.id, self.replica)
+        while True:
+            gauge.set(self.translator.decoder_rows)
+            await asyncio.sleep(0.2)
 
     async def _decode_batch(self, items: list[BatchItem], queue_waits: list[float]) -> list[dict]:
         """One engine call for a batch of texts with equal options (see BatchQueue)."""

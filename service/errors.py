@@ -27,7 +27,7 @@ from ray.serve.exceptions import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from model import CheckpointError, InputTooLongError, InvalidInputError, UnknownModelError
+from model import CheckpointError, DecoderBusyError, InputTooLongError, InvalidInputError, UnknownModelError
 from service.explanations import ExplanationIdError, ExplanationNotFoundError
 from service.file_links import FileLinkError
 
@@ -127,6 +127,7 @@ STATUS = (
     (InvalidParameterError, 422, "invalid_parameter"),
     (InvalidInputError, 422, "invalid_input"),
     (OverloadedError, 503, "overloaded"),
+    (DecoderBusyError, 503, "overloaded"),  # the continuous scheduler's queue is full
     (NotReadyError, 503, "not_ready"),
     (RequestTimeoutError, 504, "timeout"),
 )

@@ -98,6 +98,15 @@ class ServiceMetrics:
         self.forced_decodes = Counter(
             "translation_forced_decodes", "Forced decodes run for explanations, by kind.", ["model", "kind"]
         )
+        self.decoder_rows = Gauge(
+            "translation_decoder_rows",
+            "Decoder rows in flight in a replica's continuous scheduler (a beam of k is k rows).",
+            ["model", "replica"],
+            multiprocess_mode="livesum",
+        )
+        self.cancelled_texts = Counter(
+            "translation_cancelled_texts", "Texts whose decode stopped because the client went away.", ["model"]
+        )
         self.model_info = Gauge(
             "translation_model_info",
             "A translator replica serving a model (value 1).",

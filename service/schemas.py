@@ -53,6 +53,13 @@ class TranslateRequest(ModelChoice):
     max_length: int | None = Field(
         None, ge=1, le=MAX_LENGTH, description="Most target tokens to generate; default 2 × source + 10."
     )
+    min_length: int = Field(
+        0,
+        ge=0,
+        le=MAX_LENGTH,
+        description="Fewest target tokens before </s> may end a translation (transformers' min_new_tokens); "
+        "at most max_length.",
+    )
     attention: AttentionLevel = Field(
         "none",
         description='"summary": the cross-attention of the alignment head (the map `alignment` is read from); '
@@ -71,11 +78,18 @@ class TranslateRequest(ModelChoice):
     def _n_best_within_beam(self) -> TranslateRequest:
         if self.n_best > self.beam_size:
             raise ValueError("n_best must not exceed beam_size")
+        if self.max_length is not None and self.min_length > self.max_length:
+            raise ValueError("min_length must not exceed max_length")
         return self
 
     def decoding_options(self) -> DecodingOptions:
         """The engine's options for this request (the one options type, built here as vLLM builds its own)."""
-        return DecodingOptions(beam_size=self.beam_size, n_best=self.n_best, max_new_tokens=self.max_length)
+        return DecodingOptions(
+            beam_size=self.beam_size,
+            n_best=self.n_best,
+            max_new_tokens=self.max_length,
+            min_new_tokens=self.min_length,
+        )
 
 
 class AttentionMaps(BaseModel):

@@ -260,3 +260,13 @@ def test_blank_texts_translate_to_nothing_without_running_the_model(client):
         assert blank["text"] == "" and blank["target_tokens"] == [] and blank["explanation_id"] is None
         assert blank["alignment"] == [] and blank["score"] == 0.0
     assert together[2]["target_tokens"] == alone["target_tokens"]  # the others are untouched
+
+
+def test_min_length_holds_the_end_token_back(client):
+    """min_length is transformers' min_new_tokens: no </s> before that many tokens (</s> counted)."""
+    (free,) = translate(client, ["Hi."], beam_size=1, max_length=30)["translations"]
+    (held,) = translate(client, ["Hi."], beam_size=1, min_length=20, max_length=30)["translations"]
+    assert len(held["target_tokens"]) >= 20 and held["target_tokens"][-1] == "</s>"
+    assert len(held["target_tokens"]) > len(free["target_tokens"]) or len(free["target_tokens"]) >= 20
+    refused = client.post("/v1/translate", json={"texts": ["Hi."], **EN_ZH, "min_length": 9, "max_length": 8})
+    assert refused.status_code == 422

@@ -1,0 +1,203 @@
+"""Continuous vs static scheduling on `serve run deploy/serve.yaml`, one run: a table and bench/results JSON.
+
+    python -m bench.continuous                 # both schedulers, shipped en-zh, dev sentences
+    python -m bench.continuous --quick         # fewer requests (a smoke run)
+
+For each scheduler (args.scheduler static, then continuous; one service at a time, same machine):
+1. mixed: single-text requests, short (one dev sentence of at most 8 words) and long (dev sentences joined to
+   40-60 words, split_sentences false), arriving as a Poisson process at --load of the static scheduler's
+   measured capacity for that mix; p50/p99 latency per class and throughput;
+2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
+3. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
+Ratios are continuous / static from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+if str(REPOSITORY) not in sys.path:
+    sys.path.insert(0, str(REPOSITORY))
+
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running  # noqa: E402
+from tests.loadgen import run_load, translate_bodies  # noqa: E402
+from tests.processes import free_port  # noqa: E402
+
+EN_ZH = {"source_lang": "en", "target_lang": "zh"}
+
+
+def texts_for(sentences: list[str], rng: random.Random) -> tuple[list[str], list[str]]:
+    """Short texts (≤ 8 words) and long ones (dev sentences joined to 40-60 words)."""
+    short = [s for s in sentences if len(s.split()) <= 8]
+    long = []
+    pool = [s for s in sentences if len(s.split()) > 6]
+    while len(long) < 100:
+        parts, words = [], 0
+        while words < 40:
+            sentence = rng.choice(pool)
+            parts.append(sentence)
+            words += len(sentence.split())
+        if words <= 60:
+            long.append(" ".join(parts))
+    return short, long
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))], 1)
+
+
+async def open_loop(url: str, arrivals: list[tuple[float, str, str]], beam_size: int) -> dict[str, Any]:
+    """POST each (time, class, text) at its time; latency per class."""
+    latencies: dict[str, list[float]] = {"short": [], "long": []}
+    statuses: dict[str, int] = {}
+    started = time.perf_counter()
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def one(at: float, kind: str, text: str) -> None:
+            await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+            sent = time.perf_counter()
+            body = {**EN_ZH, "texts": [text], "beam_size": beam_size, "split_sentences": False}
+            response = await client.post(f"{url}/v1/translate", json=body)
+            statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+            if response.status_code == 200:
+                latencies[kind].append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(one(*arrival) for arrival in arrivals))
+    wall = time.perf_counter() - started
+    return {
+        "wall_s": round(wall, 2),
+        "texts_per_s": round(sum(len(v) for v in latencies.values()) / wall, 2),
+        "statuses": statuses,
+        **{f"{kind}_p50_ms": percentile(values, 50) for kind, values in latencies.items()},
+        **{f"{kind}_p99_ms": percentile(values, 99) for kind, values in latencies.items()},
+    }
+
+
+async def first_token_ms(url: str, text: str, concurrency: int, rounds: int) -> float | None:
+    """Median time from sending a greedy stream request to its first token event, `concurrency` at once."""
+    waits: list[float] = []
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one() -> None:
+            sent = time.perf_counter()
+            body = {**EN_ZH, "texts": [text], "beam_size": 1}
+            async with client.stream("POST", f"{url}/v1/translate/stream", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("event: token"):
+                        waits.append(time.perf_counter() - sent)
+                        break
+                async for _ in response.aiter_lines():
+                    pass
+
+        for _ in range(rounds):
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+    return percentile(waits, 50)
+
+
+def mixed_arrivals(short: list[str], long: list[str], rate: float, count: int, seed: int) -> list:
+    rng = random.Random(seed)
+    at, arrivals = 0.0, []
+    for _ in range(count):
+        at += rng.expovariate(rate)
+        kind = "long" if rng.random() < 0.25 else "short"
+        arrivals.append((at, kind, rng.choice(long if kind == "long" else short)))
+    return arrivals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a share of static capacity")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output", type=Path, default=RESULTS / "continuous-cpu.json")
+    args = parser.parse_args(argv)
+    sentences = read_sentences(args.data, 1000)
+    rng = random.Random(0)
+    short, long = texts_for(sentences, rng)
+    mixed_count, closed_count = (60, 100) if args.quick else (300, 400)
+    report: dict[str, Any] = {
+        "command": " ".join(["python -m bench.continuous", *sys.argv[1:]]),
+        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+        "beam_size": args.beam_size,
+        "load": args.load,
+        "schedulers": {},
+    }
+    rate = None
+    for scheduler in ("static", "continuous"):
+        config = bench_config(free_port(), None)
+        config["applications"][0]["args"]["scheduler"] = scheduler
+        with tempfile.TemporaryDirectory(prefix=f"bench-{scheduler}-") as scratch:
+            for url in serve_running(config, Path(scratch)):
+                result: dict[str, Any] = {}
+                warm = translate_bodies(short, 1, beam_size=args.beam_size)
+                asyncio.run(run_load(f"{url}/v1/translate", warm, 32, 8))
+                if rate is None:  # static's capacity on the mix: closed loop, the same texts
+                    mix = [rng.choice(long) if i % 4 == 0 else rng.choice(short) for i in range(64)]
+                    bodies = translate_bodies(mix, 1, beam_size=args.beam_size, split_sentences=False)
+                    capacity = asyncio.run(run_load(f"{url}/v1/translate", bodies, 64, 32)).summary()
+                    rate = args.load * capacity["texts_per_s"]
+                    report["static_mixed_capacity_texts_per_s"] = capacity["texts_per_s"]
+                    report["arrival_rate_per_s"] = round(rate, 2)
+                arrivals = mixed_arrivals(short, long, rate, mixed_count, seed=1)
+                result["mixed"] = asyncio.run(open_loop(url, arrivals, args.beam_size))
+                bodies = translate_bodies(sentences, 1, beam_size=args.beam_size)
+                result["closed"] = asyncio.run(run_load(f"{url}/v1/translate", bodies, closed_count, 32)).summary()
+                if scheduler == "continuous":
+                    text = short[0]
+                    result["first_token_ms"] = {
+                        "concurrency_1": asyncio.run(first_token_ms(url, text, 1, 10)),
+                        "concurrency_32": asyncio.run(first_token_ms(url, text, 32, 2)),
+                    }
+                report["schedulers"][scheduler] = result
+    static, continuous = report["schedulers"]["static"], report["schedulers"]["continuous"]
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    report["ratios"] = {
+        "short_p50": ratio(continuous["mixed"]["short_p50_ms"], static["mixed"]["short_p50_ms"]),
+        "short_p99": ratio(continuous["mixed"]["short_p99_ms"], static["mixed"]["short_p99_ms"]),
+        "mixed_throughput": ratio(continuous["mixed"]["texts_per_s"], static["mixed"]["texts_per_s"]),
+        "closed_throughput": ratio(continuous["closed"]["texts_per_s"], static["closed"]["texts_per_s"]),
+    }
+    print_table(report)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"arrival rate {report['arrival_rate_per_s']}/s ({report['load']:.0%} of static's mixed capacity)")
+    print("| scheduler | short p50 ms | short p99 ms | long p50 ms | mixed texts/s | closed c32 texts/s |")
+    print("|---|---|---|---|---|---|")
+    for name, result in report["schedulers"].items():
+        mixed, closed = result["mixed"], result["closed"]
+        print(
+            f"| {name} | {mixed['short_p50_ms']} | {mixed['short_p99_ms']} | {mixed['long_p50_ms']} "
+            f"| {mixed['texts_per_s']} | {closed['texts_per_s']} |"
+        )
+    print(f"continuous / static: {report['ratios']}")
+    first = report["schedulers"]["continuous"].get("first_token_ms")
+    if first:
+        print(f"first streamed token (greedy, median ms): {first}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

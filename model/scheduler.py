@@ -1,0 +1,508 @@
+"""Continuous (iteration-level) batching: requests join and leave the running decode at every step.
+
+`Scheduler` owns one ragged KV cache whose rows belong to different requests at different
+positions. Each `step()` first admits waiting requests (their encoder pass runs and their
+cross-attention keys/values join the cache), then runs one decoder step for every row, then
+advances each request's search on its own rows; a request that is done leaves at once and its
+rows are freed for the next step. A request with beam size k holds k rows (greedy: one).
+
+Exactness: each request's search is `model.search._beam` for one input (the same tensor
+operations, the same tie-breaking, the same back-tracking), and the rows of other requests
+only add masked positions to its attention (weight exactly 0), so its ids, scores and
+attention equal decoding it alone, up to float summation order (tests/model/test_scheduler.py).
+
+Orca (OSDI 2022) named the idea; vLLM and TensorRT-LLM's in-flight batching do it for decoders.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.errors import DecoderBusyError
+from model.options import DecodingOptions
+from model.search import NEG_INF, Hypothesis, _backtrack, _Step, default_max_new_tokens
+from model.transformer import Transformer
+
+# on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
+# called for greedy requests after every step (streaming); beams are only known at the end.
+TokenCallback = Callable[["DecodeRequest", int, float, Tensor | None], None]
+
+
+@dataclass(eq=False)
+class DecodeRequest:
+    """One source being decoded: its search state while running, `hypotheses` when done."""
+
+    source_ids: list[int]
+    options: DecodingOptions
+    return_attention: bool = False
+    on_token: TokenCallback | None = None
+    budget: int = 0
+    # search state (see model.search._beam, here for one input)
+    step: int = 0
+    running_scores: Tensor | None = None  # (1, k)
+    finished_scores: Tensor | None = None  # (1, k)
+    finished_done: Tensor | None = None
+    finished_ref: Tensor | None = None
+    improvable: bool = True
+    steps: list[_Step] = field(default_factory=list)
+    run_source_row: Tensor | None = None
+    run_token: Tensor | None = None
+    run_logprob: Tensor | None = None
+    hypotheses: list[Hypothesis] | None = None
+    cancelled: bool = False
+
+    @property
+    def beams(self) -> int:
+        return self.options.beam_size
+
+    @property
+    def done(self) -> bool:
+        return self.hypotheses is not None or self.cancelled
+
+
+class RaggedCache:
+    """Decoder K/V for rows at different positions, over sources of different lengths.
+
+    Self-attention K/V: (rows, h, capacity, d_k) per layer, zero where nothing was written, row r's
+    next position `positions[r]`; `self_mask` hides every position a row has not reached. Cross-
+    attention K/V: (rows, h, S, d_k) with S the longest source in the cache, `source_mask` hiding
+    each row's padding. The mask value is the dtype's lowest: a hidden position's weight is exactly 0.
+    """
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.clear()
+
+    def clear(self) -> None:
+        """No rows."""
+        model = self.model
+        self.self_key: list[Tensor] = []
+        self.self_value: list[Tensor] = []
+        self.cross_key: list[Tensor] = []
+        self.cross_value: list[Tensor] = []
+        self.source_mask: Tensor | None = None  # (rows, 1, 1, S) additive
+        self.self_mask: Tensor | None = None  # (rows, 1, 1, t) additive, set by `prepare`
+        self.positions = torch.zeros(0, dtype=torch.long, device=model.final_logits_bias.device)
+        self.width = 0  # positions written by the furthest row + 1, after `prepare`
+
+    @property
+    def rows(self) -> int:
+        return int(self.positions.numel())
+
+    def join(self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int) -> None:
+        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S')) at position 0."""
+        lowest = torch.finfo(cross_keys[0].dtype).min
+        added = cross_keys[0].size(0)
+        existing = bool(self.cross_key)
+        width = max(self.cross_key[0].size(2) if self.cross_key else 0, cross_keys[0].size(2))
+        capacity = max(capacity, self.self_key[0].size(2) if self.self_key else 0)
+
+        def widen(tensor: Tensor, size: int, dim: int) -> Tensor:
+            return F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, size - tensor.size(dim)])
+
+        new_mask = torch.zeros(added, 1, 1, width, dtype=cross_keys[0].dtype, device=source_mask.device)
+        new_mask[:, 0, 0, : source_mask.size(1)].masked_fill_(~source_mask, lowest)
+        new_mask[:, 0, 0, source_mask.size(1) :] = lowest
+        if existing:
+            old_mask = widen(self.source_mask, width, 3)
+            old_mask[..., self.source_mask.size(3) :] = lowest
+            self.source_mask = torch.cat([old_mask, new_mask])
+        else:
+            self.source_mask = new_mask
+        for i, (key, value) in enumerate(zip(cross_keys, cross_values, strict=True)):
+            key, value = widen(key, width, 2), widen(value, width, 2)
+            heads, d_k = key.size(1), key.size(3)
+            empty = key.new_zeros(added, heads, capacity, d_k)
+            if existing:
+                self.cross_key[i] = torch.cat([widen(self.cross_key[i], width, 2), key])
+                self.cross_value[i] = torch.cat([widen(self.cross_value[i], width, 2), value])
+                self.self_key[i] = torch.cat([widen(self.self_key[i], capacity, 2), empty])
+                self.self_value[i] = torch.cat([widen(self.self_value[i], capacity, 2), empty.clone()])
+            else:
+                self.cross_key.append(key.contiguous())
+                self.cross_value.append(value.contiguous())
+                self.self_key.append(empty)
+                self.self_value.append(empty.clone())
+        self.positions = torch.cat([self.positions, self.positions.new_zeros(added)])
+
+    def keep(self, index: Tensor) -> None:
+        """Row r becomes old row index[r] (beam reordering; rows of finished requests leave)."""
+        if index.numel() == 0:
+            self.clear()
+            return
+        for buffers in (self.self_key, self.self_value, self.cross_key, self.cross_value):
+            for i, buffer in enumerate(buffers):
+                buffers[i] = buffer.index_select(0, index)
+        self.source_mask = self.source_mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+
+    def prepare(self) -> None:
+        """Before a step: the self-attention mask for positions 0..max(positions)."""
+        self.width = int(self.positions.max()) + 1
+        reached = torch.arange(self.width, device=self.positions.device)[None, :] <= self.positions[:, None]
+        mask = torch.zeros(reached.shape, dtype=self.cross_key[0].dtype, device=reached.device)
+        self.self_mask = mask.masked_fill_(~reached, torch.finfo(mask.dtype).min)[:, None, None, :]
+
+    def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Write one step's K/V (rows, h, 1, d_k) at each row's own position; return K/V up to `width`."""
+        rows = torch.arange(key.size(0), device=key.device)
+        self.self_key[layer][rows, :, self.positions] = key[:, :, 0]
+        self.self_value[layer][rows, :, self.positions] = value[:, :, 0]
+        return self.self_key[layer][:, :, : self.width], self.self_value[layer][:, :, : self.width]
+
+
+@torch.inference_mode()
+def decode_rows(
+    model: Transformer, last_ids: Tensor, cache: RaggedCache, need_weights: bool
+) -> tuple[Tensor, list[Tensor] | None]:
+    """One decoder step for every row at its own position: logits (N, V), cross-attention per layer (N, h, S)."""
+    cache.prepare()
+    embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
+    x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
+    cross_attention = [] if need_weights else None
+    for i, layer in enumerate(model.decoder_layers):
+        x, weights = layer.step(x, cache, i, need_weights)  # the static search's step, on ragged rows
+        if need_weights:
+            cross_attention.append(weights[:, :, 0])
+    cache.positions = cache.positions + 1
+    return model.logits(x[:, 0]), cross_attention
+
+
+class Scheduler:
+    """Iteration-level batching over one model: `submit`, then `step()` until the requests are done.
+
+    Not thread-safe: one loop (one thread) calls `submit`, `cancel` and `step`.
+    max_rows bounds the rows in flight (a beam of k takes k rows); max_waiting bounds the queue
+    behind them, beyond which `submit` raises DecoderBusyError.
+    """
+
+    def __init__(self, model: Transformer, max_rows: int = 64, max_waiting: int = 1024) -> None:
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        self.model = model
+        self.config = model.config
+        self.device = model.final_logits_bias.device
+        self.max_rows = max_rows
+        self.max_waiting = max_waiting
+        self.cache = RaggedCache(model)
+        self.running: list[DecodeRequest] = []  # in row order: request i owns the next `beams` rows
+        self.waiting: deque[DecodeRequest] = deque()
+        self.last_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+
+    # ---- the queue ---------------------------------------------------------------------
+    def submit(
+        self,
+        source_ids: list[int],
+        options: DecodingOptions | None = None,
+        return_attention: bool = False,
+        on_token: TokenCallback | None = None,
+    ) -> DecodeRequest:
+        options = options or DecodingOptions()
+        if options.beam_size > self.max_rows:
+            raise ValueError(f"beam_size {options.beam_size} exceeds the scheduler's {self.max_rows} rows")
+        if len(self.waiting) >= self.max_waiting:
+            raise DecoderBusyError(f"{len(self.waiting)} requests already wait for the decoder")
+        limit = self.config.max_position_embeddings
+        if options.max_new_tokens is None:
+            budget = default_max_new_tokens(len(source_ids), limit)
+        else:
+            budget = min(options.max_new_tokens, limit)
+        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget)
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: DecodeRequest) -> None:
+        """Stop decoding `request`: it leaves the queue now, or its rows at the next step."""
+        request.cancelled = True
+        if request in self.waiting:
+            self.waiting.remove(request)
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def run(self) -> None:
+        """Step until every submitted request is done."""
+        while not self.idle:
+            self.step()
+
+    # ---- one iteration ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[DecodeRequest]:
+        """Admit waiting requests, decode one token for every row, advance every search; return those done."""
+        self._drop_cancelled()
+        self._admit()
+        if not self.running:
+            return []
+        attention_wanted = any(r.return_attention or r.on_token is not None for r in self.running)
+        logits, cross = decode_rows(self.model, self.last_tokens, self.cache, attention_wanted)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        logprobs[:, self.config.pad_token_id] = float("-inf")
+        attention = torch.stack(cross, dim=1) if cross is not None else None  # (N, L, h, S)
+
+        keep_rows: list[Tensor] = []
+        next_tokens: list[Tensor] = []
+        still_running: list[DecodeRequest] = []
+        finished: list[DecodeRequest] = []
+        first = 0
+        for request in self.running:
+            k = request.beams
+            rows = slice(first, first + k)
+            source_length = len(request.source_ids)
+            request_attention = None
+            if attention is not None and (request.return_attention or request.on_token is not None):
+                request_attention = attention[rows, ..., :source_length]
+            chosen_rows, tokens = self._advance(request, logprobs[rows], request_attention)
+            if chosen_rows is None:
+                finished.append(request)
+            else:
+                keep_rows.append(chosen_rows + first)
+                next_tokens.append(tokens)
+                still_running.append(request)
+            first += k
+        self.running = still_running
+        if still_running:
+            index = torch.cat(keep_rows)
+            self.cache.keep(index)
+            self.last_tokens = torch.cat(next_tokens)
+        else:
+            self.cache.keep(torch.zeros(0, dtype=torch.long, device=self.device))
+            self.last_tokens = self.last_tokens[:0]
+        return finished
+
+    def _drop_cancelled(self) -> None:
+        if not any(r.cancelled for r in self.running):
+            return
+        index, kept, first = [], [], 0
+        for request in self.running:
+            if not request.cancelled:
+                index.append(torch.arange(first, first + request.beams, device=self.device))
+                kept.append(request)
+            first += request.beams
+        self.running = kept
+        if index:
+            rows = torch.cat(index)
+            self.cache.keep(rows)
+            self.last_tokens = self.last_tokens.index_select(0, rows)
+        else:
+            self.cache.keep(torch.zeros(0, dtype=torch.long, device=self.device))
+            self.last_tokens = self.last_tokens[:0]
+
+    def _admit(self) -> None:
+        """Move waiting requests into the batch while their rows fit: one encoder pass for all of them."""
+        joining: list[DecodeRequest] = []
+        rows = self.cache.rows
+        while self.waiting and rows + self.waiting[0].beams <= self.max_rows:
+            request = self.waiting.popleft()
+            joining.append(request)
+            rows += request.beams
+        if not joining:
+            return
+        lengths = [len(r.source_ids) for r in joining]
+        width = max(lengths)
+        padded = torch.full((len(joining), width), self.config.pad_token_id, dtype=torch.long)
+        for i, request in enumerate(joining):
+            padded[i, : lengths[i]] = torch.tensor(request.source_ids, dtype=torch.long)
+        padded = padded.to(self.device)
+        mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
+        encoder = self.model.encode(padded, mask)
+        repeat = torch.tensor([r.beams for r in joining], device=self.device)
+        hidden = encoder.hidden.repeat_interleave(repeat, dim=0)
+        keys, values = [], []
+        for layer in self.model.decoder_layers:
+            key, value = layer.encoder_attn.project_key_value(hidden)
+            keys.append(key)
+            values.append(value)
+        self.cache.join(keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining))
+        start = torch.full((int(repeat.sum()),), self.config.decoder_start_token_id, device=self.device)
+        self.last_tokens = torch.cat([self.last_tokens, start])
+        for request in joining:
+            k = request.beams
+            request.running_scores = torch.full((1, k), NEG_INF, device=self.device)
+            request.running_scores[:, 0] = 0.0
+            request.finished_scores = torch.full((1, k), NEG_INF, device=self.device)
+            request.finished_done = torch.zeros((1, k), dtype=torch.bool, device=self.device)
+            request.finished_ref = torch.full((1, k), -1, dtype=torch.long, device=self.device)
+        self.running.extend(joining)
+
+    def _advance(
+        self, request: DecodeRequest, logprobs: Tensor, attention: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """One step of `model.search._beam` for one input on its k rows of log-probabilities (k, V).
+
+        Returns the rows (0..k-1) the next step continues and their tokens, or (None, None) when done.
+        """
+        config, options = self.config, request.options
+        k, step, vocab = request.beams, request.step, logprobs.size(-1)
+        logprobs = logprobs.clone()
+        if step + 1 < options.min_new_tokens:
+            logprobs[:, config.eos_token_id] = float("-inf")
+        ending = request.budget <= step + 1
+        if ending:
+            logprobs.fill_(float("-inf"))
+            logprobs[:, config.eos_token_id] = 0.0
+        total = (logprobs.view(1, k, vocab) + request.running_scores[:, :, None]).view(1, k * vocab)
+        top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (1, 2k)
+        beam = top_index // vocab
+        token = top_index % vocab
+        row = beam
+        token_logprob = logprobs[row, token]
+        hits = (token == config.eos_token_id) | ending
+        next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
+
+        first_k = torch.arange(2 * k, device=self.device) < k
+        eligible = hits & first_k & request.improvable & ~request.finished_done.all(dim=1, keepdim=True)
+        candidate = torch.where(
+            eligible, top_scores / float(step + 1) ** options.length_penalty, top_scores + 2 * NEG_INF
+        )
+        refs = step * 2 * k + torch.arange(2 * k, device=self.device)
+        merged_scores = torch.cat([request.finished_scores, candidate], dim=1)
+        merged_done = torch.cat([request.finished_done, hits & first_k], dim=1)
+        merged_ref = torch.cat([request.finished_ref, refs[None, :]], dim=1)
+        request.finished_scores, keep = torch.topk(merged_scores, k, dim=1)
+        request.finished_done = merged_done.gather(1, keep)
+        request.finished_ref = merged_ref.gather(1, keep)
+
+        best_possible = next_scores[:, :1] / float(step + 1) ** options.length_penalty
+        worst_finished = torch.where(
+            request.finished_done, request.finished_scores.min(dim=1, keepdim=True).values, NEG_INF
+        )
+        request.improvable = request.improvable and bool((best_possible > worst_finished).any())
+        done = not request.improvable or bool(request.finished_done.all()) or bool(hits.all())
+
+        request.steps.append(
+            _Step(
+                request.run_source_row, request.run_token, request.run_logprob,
+                row.cpu(), token.cpu(), token_logprob.cpu(),
+                attention.cpu() if attention is not None and request.return_attention else None,
+            )
+        )  # fmt: skip
+        request.step += 1
+        if request.on_token is not None and k == 1:
+            greedy = int(token[0, 0])
+            request.on_token(
+                request, greedy, float(token_logprob[0, 0]), attention[0].cpu() if attention is not None else None
+            )
+        if done:
+            request.hypotheses = self._hypotheses(request)
+            return None, None
+        new_rows = row.gather(1, chosen)[0]  # (k,)
+        tokens = token.gather(1, chosen)[0]
+        request.running_scores = next_scores
+        request.run_source_row, request.run_token = new_rows.cpu(), tokens.cpu()
+        request.run_logprob = token_logprob.gather(1, chosen)[0].cpu()
+        return new_rows, tokens
+
+    def _hypotheses(self, request: DecodeRequest) -> list[Hypothesis]:
+        k = request.beams
+        state = (request.finished_scores, request.finished_done, request.finished_ref)
+        scores, finished, refs = (t[0].cpu() for t in state)
+        hypotheses: list[Hypothesis] = []
+        for slot in range(k):
+            if not bool(finished[slot]) or len(hypotheses) == request.options.n_best:
+                continue
+            hypotheses.append(
+                _backtrack(request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), len(request.source_ids))
+            )
+        request.steps = []  # the back-pointers are no longer needed
+        return hypotheses
+
+
+class DecodeLoop:
+    """A `Scheduler` stepping in its own thread: submit from any thread, get a Future per source.
+
+    The loop sleeps while there is nothing to decode and steps while anything runs or waits, so a
+    source submitted mid-decode joins at the next step. `close()` stops it; sources still queued or
+    running then fail with RuntimeError rather than waiting forever.
+    """
+
+    def __init__(self, model: Transformer, max_rows: int = 64, max_waiting: int = 1024) -> None:
+        self.scheduler = Scheduler(model, max_rows=max_rows, max_waiting=max_waiting)
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._wake = threading.Condition()
+        self._futures: dict[int, tuple[DecodeRequest, Future]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        source_ids: list[int],
+        options: DecodingOptions | None = None,
+        return_attention: bool = False,
+        on_token: TokenCallback | None = None,
+    ) -> Future:
+        """Queue one source; the Future gives its hypotheses (best first). Raises DecoderBusyError when full."""
+        future: Future = Future()
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the decode loop is closed")
+            if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
+                raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
+            self._inbox.append(("submit", (list(source_ids), options, return_attention, on_token, future)))
+            self._wake.notify()
+        return future
+
+    def cancel(self, future: Future) -> None:
+        """Stop decoding the source behind `future` (a client went away): its rows are freed next step."""
+        with self._wake:
+            self._inbox.append(("cancel", future))
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        scheduler = self.scheduler
+        while True:
+            with self._wake:
+                while not self._inbox and scheduler.idle and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                inbox, self._inbox = list(self._inbox), deque()
+            for kind, payload in inbox:
+                if kind == "submit":
+                    source_ids, options, return_attention, on_token, future = payload
+                    if not future.set_running_or_notify_cancel():
+                        continue
+                    try:
+                        request = scheduler.submit(source_ids, options, return_attention, on_token)
+                    except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
+                        future.set_exception(error)
+                        continue
+                    self._futures[id(request)] = (request, future)
+                else:
+                    for key, (request, future) in list(self._futures.items()):
+                        if future is payload:
+                            scheduler.cancel(request)
+                            del self._futures[key]
+            try:
+                finished = scheduler.step()
+            except Exception as error:  # noqa: BLE001 - fail every source in flight, keep the loop alive
+                for request, future in self._futures.values():
+                    scheduler.cancel(request)
+                    future.set_exception(error)
+                self._futures.clear()
+                scheduler.step()  # drops the cancelled rows
+                continue
+            for request in finished:
+                _, future = self._futures.pop(id(request))
+                future.set_result(request.hypotheses)
+        for _, future in self._futures.values():
+            future.set_exception(RuntimeError("the decode loop closed before this source was decoded"))

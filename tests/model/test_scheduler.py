@@ -1,0 +1,172 @@
+"""Continuous batching: every request decoded among others equals decoding it alone.
+
+The oracle is the static search (`model.search.beam_search` on the one source), itself tested
+against transformers' generate in test_transformers_parity.py. Requests arrive at random steps,
+with random lengths, beam sizes, n-best, length penalties and minimum lengths, under a row cap
+that makes some of them wait; ids must be equal, scores and attention equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.errors import DecoderBusyError
+from model.options import DecodingOptions
+from model.scheduler import Scheduler
+from model.search import beam_search
+from model.transformer import Transformer
+
+EOS, PAD = 0, 49
+
+
+def random_model(seed: int) -> Transformer:
+    config = ModelConfig(
+        vocab_size=50,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+        dropout=0.0,
+    )
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+        model.final_logits_bias[EOS] = 1.5  # so that hypotheses end at varied lengths, not only at the budget
+    return model.eval()
+
+
+def random_requests(rng: random.Random, count: int) -> list[tuple[int, list[int], DecodingOptions]]:
+    """(arrival step, source ids ending in eos, options) for `count` requests."""
+    requests = []
+    for _ in range(count):
+        beam = rng.choice([1, 1, 2, 3, 4])
+        options = DecodingOptions(
+            beam_size=beam,
+            n_best=rng.randint(1, beam),
+            max_new_tokens=rng.choice([None, rng.randint(1, 12)]),
+            length_penalty=rng.choice([1.0, 0.6, 1.4]),
+            min_new_tokens=rng.choice([0, 0, 3]),
+        )
+        source = [rng.randrange(1, PAD) for _ in range(rng.randint(1, 14))] + [EOS]
+        requests.append((rng.randint(0, 12), source, options))
+    return requests
+
+
+def assert_same(got, expected, context) -> None:
+    assert len(got) == len(expected), context
+    for hypothesis, reference in zip(got, expected, strict=True):
+        assert hypothesis.token_ids == reference.token_ids, context
+        assert hypothesis.score == pytest.approx(reference.score, abs=1e-4), context
+        assert hypothesis.normalized_score == pytest.approx(reference.normalized_score, abs=1e-4), context
+        assert hypothesis.token_logprobs == pytest.approx(reference.token_logprobs, abs=1e-4), context
+        if reference.cross_attention is not None:
+            assert hypothesis.cross_attention.shape == reference.cross_attention.shape, context
+            torch.testing.assert_close(hypothesis.cross_attention, reference.cross_attention, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_requests_joining_and_leaving_decode_as_if_alone(seed):
+    rng = random.Random(seed)
+    model = random_model(seed)
+    requests = random_requests(rng, 14)
+    alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
+
+    scheduler = Scheduler(model, max_rows=rng.choice([4, 8, 64]))
+    pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    submitted = {}
+    step = 0
+    most_rows = 0
+    while pending or not scheduler.idle:
+        while pending and requests[pending[0]][0] <= step:
+            index = pending.pop(0)
+            _, source, options = requests[index]
+            submitted[index] = scheduler.submit(source, options, return_attention=True)
+        scheduler.step()
+        most_rows = max(most_rows, scheduler.rows)
+        step += 1
+        assert step < 2_000
+    assert most_rows <= scheduler.max_rows
+    for index, request in submitted.items():
+        assert request.done and request.hypotheses is not None
+        assert_same(request.hypotheses, alone[index], (seed, index, requests[index]))
+
+
+def test_a_request_that_arrives_mid_decode_joins_at_the_next_step_and_a_short_one_leaves_first():
+    model = random_model(7)
+    long = [5] * 14 + [EOS]
+    short = [6, EOS]
+    scheduler = Scheduler(model)
+    first = scheduler.submit(long, DecodingOptions(beam_size=2, max_new_tokens=30, min_new_tokens=25))
+    scheduler.step()
+    scheduler.step()
+    second = scheduler.submit(short, DecodingOptions(beam_size=1, max_new_tokens=3))
+    finished_at = {}
+    for step in range(40):
+        for request in scheduler.step():
+            finished_at[id(request)] = step
+        if scheduler.idle:
+            break
+    # the short request did not wait for the long one: it finished within its 3-token budget
+    assert finished_at[id(second)] <= 3 < finished_at[id(first)]
+    assert_same(second.hypotheses, beam_search(model, [short], DecodingOptions(beam_size=1, max_new_tokens=3))[0], "")
+    reference = beam_search(model, [long], DecodingOptions(beam_size=2, max_new_tokens=30, min_new_tokens=25))[0]
+    assert_same(first.hypotheses, reference, "")
+
+
+def test_cancel_frees_the_rows_at_once_and_leaves_the_others_exact():
+    model = random_model(3)
+    options = DecodingOptions(beam_size=3, max_new_tokens=20, min_new_tokens=20)
+    scheduler = Scheduler(model)
+    doomed = scheduler.submit([7, 8, 9, EOS], options)
+    kept = scheduler.submit([10, 11, EOS], options, return_attention=True)
+    scheduler.step()
+    assert scheduler.rows == 6
+    scheduler.cancel(doomed)
+    scheduler.step()
+    assert scheduler.rows == 3 and doomed.done and doomed.hypotheses is None
+    scheduler.run()
+    assert_same(kept.hypotheses, beam_search(model, [[10, 11, EOS]], options, return_attention=True)[0], "")
+    waiting = scheduler.submit([12, EOS], options)
+    scheduler.cancel(waiting)
+    assert scheduler.idle
+
+
+def test_streamed_tokens_are_the_greedy_result_token_by_token():
+    model = random_model(5)
+    seen = []
+    scheduler = Scheduler(model)
+    options = DecodingOptions(beam_size=1, max_new_tokens=15)
+    request = scheduler.submit(
+        [3, 4, 5, EOS], options, on_token=lambda r, token, logprob, attention: seen.append((token, logprob, attention))
+    )
+    scheduler.run()
+    (hypothesis,) = beam_search(model, [[3, 4, 5, EOS]], options, return_attention=True)[0]
+    assert [token for token, _, _ in seen] == hypothesis.token_ids == request.hypotheses[0].token_ids
+    assert [lp for _, lp, _ in seen] == pytest.approx(hypothesis.token_logprobs, abs=1e-4)
+    streamed = torch.stack([attention for _, _, attention in seen], dim=2)  # (L, h, T, S)
+    torch.testing.assert_close(streamed, hypothesis.cross_attention, atol=1e-5, rtol=0)
+
+
+def test_the_queue_is_bounded():
+    scheduler = Scheduler(random_model(1), max_rows=2, max_waiting=2)
+    greedy = DecodingOptions(beam_size=1)
+    scheduler.submit([1, EOS], greedy)
+    scheduler.submit([2, EOS], greedy)
+    with pytest.raises(DecoderBusyError):
+        scheduler.submit([3, EOS], greedy)
+    with pytest.raises(ValueError):
+        scheduler.submit([3, EOS], DecodingOptions(beam_size=4))

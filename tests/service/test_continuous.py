@@ -1,0 +1,178 @@
+"""`args.scheduler: continuous` on a real `serve run`: the same answers as the static queue, concurrently.
+
+The session's service (tests/service/conftest.py) runs the static scheduler on the same tiny models;
+every text decoded by the continuous loop, among others arriving at random moments with other
+options, must come back as the static service decodes it alone: same text, tokens, alignment and
+explanation id, scores equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.client import AsyncTranslationClient, ServiceError, TranslationClient
+from tests.service.conftest import serve_config_for_tests, serve_started
+
+EN_ZH = {"source_lang": "en", "target_lang": "zh"}
+SHIPPED = "en-zh-shipped"
+TEXTS = [
+    "Hello.",
+    "The cat sat on the mat.",
+    "Where is the station? I have been looking for it since this morning and nobody knows.",
+    "I like tea.",
+    "Tom reads a very long book about the history of the railway in the mountains.",
+    "Yes.",
+]
+
+
+@pytest.fixture(scope="module")
+def continuous_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
+    def config_for(port: int, metrics: Path) -> dict:
+        config = serve_config_for_tests(tiny_models, metrics, port)
+        main = config["applications"][0]
+        main["args"].update({"scheduler": "continuous", "max_rows": 8})
+        # the shipped en-zh too: the tiny models decode a whole text before a client could hang up
+        main["args"]["models"].append({"id": SHIPPED, "path": "en-zh", "source_lang": "en", "target_lang": "zh"})
+        main["deployments"].append(
+            {"name": f"translator-{SHIPPED}", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+        )
+        return config
+
+    for url, _, _ in serve_started(tmp_path_factory.mktemp("continuous"), config_for):
+        yield url
+
+
+def translate(url: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}/v1/translate", json=body, timeout=60)
+
+
+def test_concurrent_texts_come_back_as_the_static_scheduler_decodes_them(continuous_url, service_url):
+    rng = random.Random(0)
+    bodies = []
+    for _ in range(24):
+        bodies.append(
+            {
+                **EN_ZH,
+                "texts": rng.sample(TEXTS, rng.randint(1, 3)),
+                "beam_size": rng.choice([1, 2, 4]),
+                "attention": "summary",
+                "split_sentences": False,  # one translation object per text, with its attention summary
+            }
+        )
+    with ThreadPoolExecutor(12) as pool:  # 12 at once, more rows than max_rows: some wait, all join mid-decode
+        continuous = list(pool.map(lambda body: translate(continuous_url, body), bodies))
+    for body, response in zip(bodies, continuous, strict=True):
+        assert response.status_code == 200, response.text
+        static = translate(service_url, body)
+        assert static.status_code == 200, static.text
+        for got, expected in zip(response.json()["translations"], static.json()["translations"], strict=True):
+            for key in ("text", "target_tokens", "alignment", "word_alignment", "explanation_id"):
+                assert got[key] == expected[key], (body, key)
+            assert got["token_scores"] == pytest.approx(expected["token_scores"], abs=1e-4)
+            summary, reference = got["attention"]["summary"], expected["attention"]["summary"]
+            assert len(summary) == len(reference)
+            for row, expected_row in zip(summary, reference, strict=True):
+                assert row == pytest.approx(expected_row, abs=1e-5)
+
+
+def test_bad_input_is_refused_as_by_the_static_scheduler(continuous_url):
+    too_long = translate(continuous_url, {**EN_ZH, "texts": ["word " * 300]})
+    assert too_long.status_code == 413 and too_long.json()["error"]["code"] == "input_too_long"
+    blank = translate(continuous_url, {**EN_ZH, "texts": ["  "]})
+    assert blank.status_code == 200 and blank.json()["translations"][0]["text"] == ""
+    wrong = translate(continuous_url, {**EN_ZH, "texts": ["hi"], "beam_size": 99})
+    assert wrong.status_code == 422
+
+
+def stream(url: str, body: dict) -> list[dict]:
+    with TranslationClient(url) as client:
+        return list(client.translate_stream(body.pop("texts")[0], **body))
+
+
+def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(continuous_url):
+    text = "Tom reads a very long book about the history of the railway."
+    events = stream(continuous_url, {**EN_ZH, "texts": [text], "beam_size": 1, "attention": "summary"})
+    assert events[0] == {"type": "start", "model": "en-zh", "streams_tokens": True}
+    tokens, result = events[1:-1], events[-1]
+    assert result["type"] == "result" and all(e["type"] == "token" for e in tokens)
+    translation = result["translation"]
+    plain = translate(continuous_url, {**EN_ZH, "texts": [text], "beam_size": 1, "split_sentences": False})
+    expected = plain.json()["translations"][0]
+    for key in ("text", "target_tokens", "explanation_id"):
+        assert translation[key] == expected[key], key
+    assert [e["index"] for e in tokens] == list(range(len(tokens)))
+    assert [e["piece"] for e in tokens] == translation["target_tokens"]
+    assert [e["logprob"] for e in tokens] == pytest.approx(translation["token_scores"], abs=1e-4)
+    # each token's attention row: the alignment map at the step that predicted it (as in the explanation)
+    with TranslationClient(continuous_url) as client:
+        explanation = client.explanation(translation["explanation_id"])
+    layer, head = explanation["alignment_layer"], explanation["alignment_head"]
+    maps = explanation["cross_attention"][layer]
+    for event in tokens:
+        t = event["index"]
+        if head is None:
+            row = [sum(h[t][s] for h in maps) / len(maps) for s in range(len(maps[0][t]))]
+        else:
+            row = maps[head][t]
+        assert event["attention"] == pytest.approx(row, abs=1e-5)
+
+
+def test_a_beam_stream_sends_the_result_only_and_static_streams_never_send_tokens(continuous_url, service_url):
+    body = {**EN_ZH, "texts": ["I like tea."], "beam_size": 4}
+    events = stream(continuous_url, dict(body))
+    assert [e["type"] for e in events] == ["start", "result"] and not events[0]["streams_tokens"]
+    expected = translate(continuous_url, body).json()["translations"][0]
+    assert events[1]["translation"]["text"] == expected["text"]
+    static = stream(service_url, {**body, "beam_size": 1})
+    assert [e["type"] for e in static] == ["start", "result"]
+
+
+def test_the_async_client_streams_the_same_events(continuous_url):
+    async def collect() -> list[dict]:
+        async with AsyncTranslationClient(continuous_url) as client:
+            return [event async for event in client.translate_stream("I like tea.", **EN_ZH, beam_size=1)]
+
+    events = asyncio.run(collect())
+    assert events == stream(continuous_url, {**EN_ZH, "texts": ["I like tea."], "beam_size": 1})
+
+
+def test_stream_errors_are_json_answers_before_the_stream_starts(continuous_url):
+    with TranslationClient(continuous_url) as client:
+        with pytest.raises(ServiceError) as too_long:
+            list(client.translate_stream("word " * 300, **EN_ZH, beam_size=1))
+        assert too_long.value.status == 413 and too_long.value.code == "input_too_long"
+    two = httpx.post(f"{continuous_url}/v1/translate/stream", json={**EN_ZH, "texts": ["a", "b"]}, timeout=30)
+    assert two.status_code == 422 and "one text" in two.json()["error"]["message"]
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_a_client_that_disconnects_stops_its_decode(continuous_url):
+    """250 tokens to decode (min_length); the client leaves after two. Measured on the server: the decode was
+    cut short (counted only when it had not finished) and the rows in flight fall back to 0."""
+    cancelled_before = metric(continuous_url, "translation_cancelled_texts_total")
+    text = "The old railway station in the mountains was closed last winter."
+    with TranslationClient(continuous_url) as client:
+        events = client.translate_stream(text, model=SHIPPED, beam_size=1, min_length=250, max_length=256)
+        seen = [next(events) for _ in range(3)]  # start and two tokens
+        assert [e["type"] for e in seen] == ["start", "token", "token"], seen
+        events.close()  # leave mid-stream: closes the connection
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        cancelled = metric(continuous_url, "translation_cancelled_texts_total") - cancelled_before
+        if cancelled == 1 and metric(continuous_url, "translation_decoder_rows") == 0:
+            break
+        time.sleep(0.2)
+    assert metric(continuous_url, "translation_cancelled_texts_total") == cancelled_before + 1
+    assert metric(continuous_url, "translation_decoder_rows") == 0
