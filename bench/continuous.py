@@ -97,13 +97,13 @@ async def first_token_ms(url: str, text: str, concurrency: int, rounds: int) -> 
         async def one() -> None:
             sent = time.perf_counter()
             body = {**EN_ZH, "texts": [text], "beam_size": 1}
+            first = None
             async with client.stream("POST", f"{url}/v1/translate/stream", json=body) as response:
-                async for line in response.aiter_lines():
-                    if line.startswith("event: token"):
-                        waits.append(time.perf_counter() - sent)
-                        break
-                async for _ in response.aiter_lines():
-                    pass
+                async for line in response.aiter_lines():  # read to the end: the result event closes it
+                    if first is None and line.startswith("event: token"):
+                        first = time.perf_counter() - sent
+            if first is not None:
+                waits.append(first)
 
         for _ in range(rounds):
             await asyncio.gather(*(one() for _ in range(concurrency)))
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         config = bench_config(free_port(), None)
         config["applications"][0]["args"]["scheduler"] = scheduler
         with tempfile.TemporaryDirectory(prefix=f"bench-{scheduler}-") as scratch:
-            for url in serve_running(config, Path(scratch)):
+            with serve_running(config, Path(scratch)) as url:
                 result: dict[str, Any] = {}
                 warm = translate_bodies(short, 1, beam_size=args.beam_size)
                 asyncio.run(run_load(f"{url}/v1/translate", warm, 32, 8))
