@@ -110,6 +110,34 @@ async def first_token_ms(url: str, text: str, concurrency: int, rounds: int) -> 
     return percentile(waits, 50)
 
 
+def engine_comparison(sentences: list[str], beam_size: int, rounds: int = 5) -> dict[str, Any]:
+    """The engine alone, no service: 32 dev sentences decoded by the static search in one batch, and submitted
+    together to the continuous scheduler, one thread; best of `rounds` each, seconds."""
+    import torch
+
+    from model import DecodingOptions, Translator
+    from model.scheduler import Scheduler
+    from model.search import beam_search
+
+    torch.set_num_threads(1)
+    translator = Translator.from_pretrained("en-zh", device="cpu")
+    ids = translator.encode_source(sentences[:32])
+    options = DecodingOptions(beam_size=beam_size)
+    timings: dict[str, list[float]] = {"static": [], "continuous": []}
+    for _ in range(rounds):
+        started = time.perf_counter()
+        beam_search(translator.model, ids, options, return_attention=True)
+        timings["static"].append(time.perf_counter() - started)
+        scheduler = Scheduler(translator.model, max_rows=32 * beam_size)
+        for source in ids:
+            scheduler.submit(source, options, return_attention=True)
+        started = time.perf_counter()
+        scheduler.run()
+        timings["continuous"].append(time.perf_counter() - started)
+    best = {name: round(min(values), 4) for name, values in timings.items()}
+    return {**best, "ratio": round(best["static"] / best["continuous"], 2), "sentences": len(ids)}
+
+
 def mixed_arrivals(short: list[str], long: list[str], rate: float, count: int, seed: int) -> list:
     rng = random.Random(seed)
     at, arrivals = 0.0, []
@@ -126,9 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a share of static capacity")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--engine-only", action="store_true", help="only the engine comparison (no service), to --output"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "continuous-cpu.json")
     args = parser.parse_args(argv)
     sentences = read_sentences(args.data, 1000)
+    if args.engine_only:
+        result = {"command": " ".join(["python -m bench.continuous", *sys.argv[1:]]), "beam_size": args.beam_size}
+        result["engine"] = engine_comparison(sentences, args.beam_size)
+        print(f"engine alone, 32 sentences together, beam {args.beam_size}: {result['engine']}")
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        return 0
     rng = random.Random(0)
     short, long = texts_for(sentences, rng)
     mixed_count, closed_count = (60, 100) if args.quick else (300, 400)
