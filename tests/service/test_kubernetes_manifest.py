@@ -62,3 +62,57 @@ def test_every_pod_exposes_the_serve_port_and_runs_as_non_root():
 def test_the_serve_config_is_an_embedded_yaml_string():
     assert isinstance(RAY_SERVICE["spec"]["serveConfigV2"], str)
     assert yaml.safe_load(RAY_SERVICE["spec"]["serveConfigV2"])["applications"]
+
+
+# ---- the RayService itself, against KubeRay's CRD (deploy/k8s/kuberay-crd, vendored from kuberay v1.7.0) ----
+CRD = REPO / "deploy" / "k8s" / "kuberay-crd" / "ray.io_rayservices.yaml"
+
+
+def closed(schema: dict) -> dict:
+    """The CRD schema with unknown fields refused: every object that lists its properties gets
+    additionalProperties false (the API server would prune such fields silently), unless it says
+    x-kubernetes-preserve-unknown-fields; int-or-string fields accept both."""
+    schema = dict(schema)
+    if schema.get("x-kubernetes-int-or-string"):
+        schema.pop("type", None)
+        schema["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in schema:
+        schema["properties"] = {name: closed(value) for name, value in schema["properties"].items()}
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema.setdefault("additionalProperties", False)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            schema[key] = closed(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            schema[key] = [closed(part) for part in schema[key]]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["spec"]["names"]["kind"] == "RayService"
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == RAY_SERVICE["apiVersion"].split("/")[1]]
+    return closed(version["schema"]["openAPIV3Schema"])
+
+
+def test_the_manifest_is_a_valid_rayservice_of_kuberay_1_7(rayservice_schema):
+    jsonschema = pytest.importorskip("jsonschema")
+    assert RAY_SERVICE["apiVersion"] == "ray.io/v1" and RAY_SERVICE["kind"] == "RayService"
+    errors = sorted(jsonschema.Draft7Validator(rayservice_schema).iter_errors(RAY_SERVICE), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+def test_the_schema_check_refuses_unknown_and_misspelt_fields(rayservice_schema):
+    """The check can fail: a misspelt field and a wrong type are caught, where the API server would prune or refuse."""
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft7Validator(rayservice_schema)
+    misspelt = {**RAY_SERVICE, "spec": {**RAY_SERVICE["spec"], "upgradeStrategyy": {"type": "NewCluster"}}}
+    assert any("upgradeStrategyy" in e.message for e in validator.iter_errors(misspelt))
+    wrong_type = {**RAY_SERVICE, "spec": {**RAY_SERVICE["spec"], "serviceUnhealthySecondThreshold": "soon"}}
+    assert list(validator.iter_errors(wrong_type))
+
+
+def test_the_upgrade_strategy_is_chosen(rayservice_schema):
+    assert RAY_SERVICE["spec"]["upgradeStrategy"]["type"] == "NewCluster"
