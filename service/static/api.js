@@ -1,6 +1,8 @@
 // This service's REST API as the viewer calls it: one fetch wrapper (API key, error messages), the calls
 // themselves, the request limits the server states, and a guard that lets only a panel's newest request render.
 
+import { t } from "./i18n.js";
+
 let onUnauthorizedHandler = () => {};
 
 /** Called on every 401: this deployment wants an API key. */
@@ -8,23 +10,33 @@ export function onUnauthorized(handler) {
   onUnauthorizedHandler = handler;
 }
 
-async function call(path, { method = "GET", body, signal } = {}) {
-  const headers = { Accept: "application/json" };
+function send(path, { method = "GET", body, signal, accept = "application/json" } = {}) {
+  const headers = { Accept: accept };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const key = sessionStorage.getItem("api-key");
   if (key) headers.Authorization = `Bearer ${key}`;
-  const response = await fetch(path, { method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body) });
-  if (response.status === 401) onUnauthorizedHandler();
-  let payload = null;
+  return fetch(path, { method, headers, signal, body: body === undefined ? undefined : JSON.stringify(body) });
+}
+
+async function jsonOf(response) {
   try {
-    payload = await response.json();
+    return await response.json();
   } catch {
-    payload = null;
+    return null;
   }
-  if (!response.ok) {
-    const detail = payload?.error?.message ?? (typeof payload?.detail === "string" ? payload.detail : null);
-    throw new Error(detail || `HTTP ${response.status}`);
-  }
+}
+
+/** The message of a failed answer: the service's {"error": {message}}, else the HTTP status. */
+function failure(response, payload) {
+  const detail = payload?.error?.message ?? (typeof payload?.detail === "string" ? payload.detail : null);
+  return new Error(detail || `HTTP ${response.status}`);
+}
+
+async function call(path, options = {}) {
+  const response = await send(path, options);
+  if (response.status === 401) onUnauthorizedHandler();
+  const payload = await jsonOf(response);
+  if (!response.ok) throw failure(response, payload);
   return payload;
 }
 
@@ -37,6 +49,49 @@ export async function fetchModels(signal) {
 /** POST /v1/translate. */
 export function translate(request, signal) {
   return call("v1/translate", { method: "POST", body: request, signal });
+}
+
+/**
+ * POST /v1/translate/stream (one text): calls `onEvent` with each Server-Sent Event as it arrives ("start",
+ * "token"s, "result") and resolves with the result's translation. fetch, not EventSource: the request is a
+ * POST. Errors before the stream starts are the usual JSON answers and reject like every other call.
+ */
+export async function translateStream(request, signal, onEvent = () => {}) {
+  const response = await send("v1/translate/stream", { method: "POST", body: request, signal, accept: "text/event-stream" });
+  if (response.status === 401) onUnauthorizedHandler();
+  if (!response.ok) throw failure(response, await jsonOf(response));
+  let translation = null;
+  for await (const event of serverSentEvents(response.body, signal)) {
+    onEvent(event);
+    if (event.type === "result") translation = event.translation;
+  }
+  // The decode failed after the stream began (its status was already sent): the connection just ends.
+  if (!translation) throw new Error(t("stream_unfinished"));
+  return translation;
+}
+
+/** The events of an SSE body, each its `data:` line parsed as JSON (the service sends one JSON line each). */
+async function* serverSentEvents(body, signal) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      buffer += decoder.decode(value ?? new Uint8Array(), { stream: !done });
+      // Messages end at a blank line; a chunk may end mid-message, so the tail waits for the next one.
+      const messages = buffer.replaceAll("\r\n", "\n").split("\n\n");
+      buffer = done ? "" : messages.pop();
+      for (const message of messages) {
+        const data = message.split("\n").filter((line) => line.startsWith("data:")).map((line) => line.slice(5).trimStart());
+        if (data.length) yield JSON.parse(data.join("\n"));
+      }
+      if (done) return;
+    }
+  } finally {
+    // A newer request (or a consumer that stopped reading) closes the connection: the service stops decoding.
+    if (!signal?.aborted) reader.cancel().catch(() => {});
+  }
 }
 
 /** GET /v1/explanations/{id}: the attention maps of one translation. */

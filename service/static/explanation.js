@@ -1,9 +1,10 @@
 // The explanation on screen: translate, choose an alternative or open a link, fetch the explanation and hand
 // it to every panel. All three share one request guard, so only the newest choice ever reaches the screen.
 
-import { fetchExplanation, LatestRequest, translate } from "./api.js";
+import { fetchExplanation, LatestRequest, translate, translateStream } from "./api.js";
 import { showAttention } from "./attention.js";
 import { $ } from "./dom.js";
+import { resetLive, showStreamEvent } from "./live.js";
 import { setStatus, state } from "./state.js";
 import { resetSteps } from "./steps.js";
 import { beamSettings, renderTranslation } from "./translation.js";
@@ -45,15 +46,15 @@ export async function onTranslate(event) {
   button.disabled = true;
   document.body.setAttribute("aria-busy", "true");
   const started = performance.now();
+  resetLive();
   try {
     setStatus("translating");
     // One decode to explain: the viewer sends the text whole (/v1 would otherwise split it into sentences).
     const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none", split_sentences: false };
     const model = $("#model-select").value;
     if (model) request.model = model;
-    const response = await translate(request, pending.signal);
+    const translation = await translateText(request, pending);
     if (!pending.current()) return;
-    const translation = response.translations[0];
     setStatus("fetching_explanation");
     const explanation = await fetchExplanation(translation.explanation_id, pending.signal);
     if (!pending.current()) return;
@@ -70,6 +71,18 @@ export async function onTranslate(event) {
       document.body.removeAttribute("aria-busy");
     }
   }
+}
+
+/**
+ * The translation of `request`. Greedy decoding (beam size 1) is streamed, so the text grows on screen token
+ * by token; a beam may still be overtaken until the search ends, so beam search asks /v1/translate once.
+ * Events of a request that is no longer the newest are dropped, like its answer.
+ */
+async function translateText(request, pending) {
+  if (request.beam_size !== 1) return (await translate(request, pending.signal)).translations[0];
+  return translateStream(request, pending.signal, (event) => {
+    if (pending.current()) showStreamEvent(event);
+  });
 }
 
 /** Explain hypothesis `rank` of the n-best list on screen. */

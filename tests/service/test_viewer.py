@@ -98,6 +98,27 @@ def shift_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dic
         yield url
 
 
+@pytest.fixture(scope="module")
+def continuous_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
+    """A second, smaller `serve run` (one ingress, one en-zh translator) with `scheduler: continuous`, the one
+    scheduler whose /v1/translate/stream sends a token event per decoded token."""
+    root = tmp_path_factory.mktemp("continuous")
+
+    def config_for(port: int, metrics: Path) -> dict:
+        config = serve_config_for_tests(tiny_models, metrics, port)
+        main = config["applications"][0]
+        main["args"]["models"] = main["args"]["models"][:1]
+        main["args"]["scheduler"] = "continuous"
+        main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
+        for deployment in main["deployments"]:
+            deployment["num_replicas"] = 1
+        config["applications"] = [main]
+        return config
+
+    for url, _, _ in serve_started(root, config_for):
+        yield url
+
+
 def open_page(browser: sync_api.Browser, service_url: str, color_scheme: str = "light", locale: str = "en-US"):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme, locale=locale)
     page = context.new_page()
@@ -465,6 +486,76 @@ def test_long_sentence_renders_in_both_color_schemes_and_interface_languages(
         assert page.inner_text("h1") == ("Attention Translate" if chinese else "注意力翻译")
         assert page.locator("#heatmap td.cell").count() > 0
         look_at(page, f"long-{color_scheme}-{locale}-switched")
+    finally:
+        context.close()
+    assert errors == [], errors
+
+
+def greedy_translation(api: httpx.Client, model: dict, text: str) -> dict:
+    """What /v1/translate answers for `text` with beam size 1, as the viewer asks for it."""
+    body = {"texts": [text], "model": model["id"], "beam_size": 1, "split_sentences": False}
+    response = api.post("/v1/translate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["translations"][0]
+
+
+def start_translation(page, model: dict, text: str, beam_size: int = 1, n_best: int = 1) -> None:
+    page.select_option("#model-select", model["id"])
+    page.fill("#source-text", text)
+    page.fill("#beam-size", str(beam_size))
+    page.fill("#n-best", str(n_best))
+    page.click("#translate-button")
+
+
+def test_a_greedy_translation_goes_through_the_stream_and_shows_what_the_api_answers(page, api, model):
+    """Beam size 1 asks /v1/translate/stream; this service's static scheduler sends start and result only."""
+    text = SENTENCES.get(model["source_lang"], SENTENCES["en"])
+    expected = greedy_translation(api, model, text)
+    posted: list[str] = []
+    page.on(
+        "request",
+        lambda request: posted.append(request.url.split("/v1/", 1)[-1]) if "/v1/translate" in request.url else None,
+    )
+    explanation_id = translate(page, model, text, beam_size=1, n_best=1)
+    assert posted == ["translate/stream"]
+    assert page.text_content("#translation-text") == expected["text"]
+    assert explanation_id == expected["explanation_id"]
+    # No token events came: nothing claims the text was streamed.
+    assert page.get_attribute("#translation-text", "data-streamed-tokens") is None
+    assert page.locator("#status[data-kind=ok]").count() == 1
+
+
+def test_a_continuous_scheduler_streams_the_tokens_onto_the_page_before_the_explanation(
+    browser, continuous_service_url
+):
+    """With `scheduler: continuous` the text and one heatmap row per token are on screen while the explanation
+    request is still held back; then the page ends with exactly what /v1/translate answers."""
+    text = SENTENCES["en"]
+    with httpx.Client(base_url=continuous_service_url, timeout=120) as api:
+        model = api.get("/v1/models").json()["models"][0]
+        expected = greedy_translation(api, model, text)
+    context, page, errors = open_page(browser, continuous_service_url)
+    try:
+        held = hold_first(page, "**/v1/explanations/**")
+        start_translation(page, model, text)
+        wait_until_held(page, held)
+        streamed = page.get_attribute("#translation-text", "data-streamed-tokens")
+        assert streamed is not None and int(streamed) == len(expected["target_tokens"])
+        assert page.text_content("#translation-text") == expected["text"]
+        assert page.locator("#heatmap tbody tr").count() == int(streamed)
+        rows = page.eval_on_selector_all(
+            "#heatmap tbody tr",
+            "rows => rows.map(r => [...r.querySelectorAll('td.cell')]"
+            ".reduce((sum, c) => sum + Number(c.dataset.value), 0))",
+        )
+        assert rows == pytest.approx([1.0] * len(rows), abs=1e-3)  # each row: attention weights over the source
+        release(page, held[0])
+        page.wait_for_selector("#translate-button:not([disabled])")
+        page.wait_for_selector("#status[data-kind=ok]")
+        assert page.text_content("#translation-text") == expected["text"]
+        assert location_explanation_id(page) == expected["explanation_id"]
+        assert page.locator("#heatmap tbody tr").count() == len(expected["target_tokens"])
+        look_at(page, "streamed")
     finally:
         context.close()
     assert errors == [], errors
