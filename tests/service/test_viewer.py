@@ -83,18 +83,7 @@ def shift_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dic
     config_json = model_dir / "config.json"
     config_json.write_text(json.dumps({**json.loads(config_json.read_text()), "alignment_shift": True}))
     models = {"en-zh": model_dir, "zh-en": tiny_models["zh-en"]}
-
-    def config_for(port: int, metrics: Path) -> dict:
-        config = serve_config_for_tests(models, metrics, port)
-        main = config["applications"][0]
-        main["args"]["models"] = main["args"]["models"][:1]
-        main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
-        for deployment in main["deployments"]:
-            deployment["num_replicas"] = 1
-        config["applications"] = [main]
-        return config
-
-    for url, _, _ in serve_started(root, config_for):
+    for url, _, _ in serve_started(root, lambda port, metrics: small_config(models, metrics, port)):
         yield url
 
 
@@ -103,20 +92,22 @@ def continuous_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models
     """A second, smaller `serve run` (one ingress, one en-zh translator) with `scheduler: continuous`, the one
     scheduler whose /v1/translate/stream sends a token event per decoded token."""
     root = tmp_path_factory.mktemp("continuous")
-
-    def config_for(port: int, metrics: Path) -> dict:
-        config = serve_config_for_tests(tiny_models, metrics, port)
-        main = config["applications"][0]
-        main["args"]["models"] = main["args"]["models"][:1]
-        main["args"]["scheduler"] = "continuous"
-        main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
-        for deployment in main["deployments"]:
-            deployment["num_replicas"] = 1
-        config["applications"] = [main]
-        return config
-
+    config_for = lambda port, metrics: small_config(tiny_models, metrics, port, scheduler="continuous")  # noqa: E731
     for url, _, _ in serve_started(root, config_for):
         yield url
+
+
+def small_config(models: dict[str, Path], metrics: Path, port: int, **args) -> dict:
+    """The test config cut to one ingress and one en-zh translator, one replica each, with `args` added."""
+    config = serve_config_for_tests(models, metrics, port)
+    main = config["applications"][0]
+    main["args"]["models"] = main["args"]["models"][:1]
+    main["args"].update(args)
+    main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
+    for deployment in main["deployments"]:
+        deployment["num_replicas"] = 1
+    config["applications"] = [main]
+    return config
 
 
 def open_page(browser: sync_api.Browser, service_url: str, color_scheme: str = "light", locale: str = "en-US"):
