@@ -28,7 +28,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.search import NEG_INF, Hypothesis, _backtrack, _Step, default_max_new_tokens
+from model.search import NEG_INF, Hypothesis, _backtrack, _next_logprobs, _Step, default_max_new_tokens
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -248,8 +248,6 @@ class Scheduler:
             return []
         attention_wanted = any(r.return_attention or r.on_token is not None for r in self.running)
         logits, cross = decode_rows(self.model, self.last_tokens, self.cache, attention_wanted)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        logprobs[:, self.config.pad_token_id] = float("-inf")
         attention = torch.stack(cross, dim=1) if cross is not None else None  # (N, L, h, S)
 
         keep_rows: list[Tensor] = []
@@ -264,7 +262,7 @@ class Scheduler:
             request_attention = None
             if attention is not None and (request.return_attention or request.on_token is not None):
                 request_attention = attention[rows, ..., :source_length]
-            chosen_rows, tokens = self._advance(request, logprobs[rows], request_attention)
+            chosen_rows, tokens = self._advance(request, logits[rows], request_attention)
             if chosen_rows is None:
                 finished.append(request)
             else:
@@ -273,14 +271,13 @@ class Scheduler:
                 still_running.append(request)
             first += k
         self.running = still_running
-        if still_running:
-            index = torch.cat(keep_rows)
-            self.cache.keep(index)
-            self.last_tokens = torch.cat(next_tokens)
-        else:
-            self.cache.keep(torch.zeros(0, dtype=torch.long, device=self.device))
-            self.last_tokens = self.last_tokens[:0]
+        self._keep_rows(keep_rows, torch.cat(next_tokens) if next_tokens else self.last_tokens[:0])
         return finished
+
+    def _keep_rows(self, parts: list[Tensor], last_tokens: Tensor) -> None:
+        """The rows the next step continues (old row numbers, in order; none empties the cache) and their inputs."""
+        self.cache.keep(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.device))
+        self.last_tokens = last_tokens
 
     def _drop_cancelled(self) -> None:
         if not any(r.cancelled for r in self.running):
@@ -292,13 +289,7 @@ class Scheduler:
                 kept.append(request)
             first += request.beams
         self.running = kept
-        if index:
-            rows = torch.cat(index)
-            self.cache.keep(rows)
-            self.last_tokens = self.last_tokens.index_select(0, rows)
-        else:
-            self.cache.keep(torch.zeros(0, dtype=torch.long, device=self.device))
-            self.last_tokens = self.last_tokens[:0]
+        self._keep_rows(index, self.last_tokens.index_select(0, torch.cat(index)) if index else self.last_tokens[:0])
 
     def _admit(self) -> None:
         """Move waiting requests into the batch while their rows fit: one encoder pass for all of them."""
@@ -338,21 +329,17 @@ class Scheduler:
         self.running.extend(joining)
 
     def _advance(
-        self, request: DecodeRequest, logprobs: Tensor, attention: Tensor | None
+        self, request: DecodeRequest, logits: Tensor, attention: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None]:
-        """One step of `model.search._beam` for one input on its k rows of log-probabilities (k, V).
+        """One step of `model.search._beam` for one input on its k rows of logits (k, V).
 
         Returns the rows (0..k-1) the next step continues and their tokens, or (None, None) when done.
         """
         config, options = self.config, request.options
-        k, step, vocab = request.beams, request.step, logprobs.size(-1)
-        logprobs = logprobs.clone()
-        if step + 1 < options.min_new_tokens:
-            logprobs[:, config.eos_token_id] = float("-inf")
+        k, step, vocab = request.beams, request.step, logits.size(-1)
         ending = request.budget <= step + 1
-        if ending:
-            logprobs.fill_(float("-inf"))
-            logprobs[:, config.eos_token_id] = 0.0
+        # the static search's constraints: pad banned, eos before min_new_tokens banned, eos forced at the budget
+        logprobs = _next_logprobs(logits, step, options.min_new_tokens, list(range(k)) if ending else [], config)
         total = (logprobs.view(1, k, vocab) + request.running_scores[:, :, None]).view(1, k * vocab)
         top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (1, 2k)
         beam = top_index // vocab
