@@ -1,12 +1,18 @@
-# attention-translate: the Ray Serve translation service (deploy/serve.yaml) in one image.
+# attention-translate: the Ray Serve translation service in one image; it serves $SERVE_CONFIG.
 #
-#   docker build -t attention-translate .                         # CPU torch (default)
-#   docker build -t attention-translate:cuda \
-#     --build-arg BASE_IMAGE=<a CUDA runtime image with python3.11 and pip> \
-#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124 .
+#   docker build -t attention-translate .                         # CPU torch, deploy/serve.yaml (default)
 #   docker run -p 8000:8000 attention-translate                   # then: curl localhost:8000/readyz
 #
-# The same image runs in KubeRay (deploy/k8s/rayservice.yaml), which replaces the command with `ray start`.
+# CUDA: torch's default Linux x86_64 wheel on PyPI is a CUDA 13 build that brings the CUDA libraries
+# as nvidia-*-cu13 wheels, so no CUDA base image and no special index are needed:
+#   docker build -t attention-translate:cuda --build-arg TORCH_INDEX_URL=https://pypi.org/simple \
+#     --build-arg SERVE_CONFIG=deploy/serve-gpu.yaml .
+#   docker run --gpus all -p 8000:8000 attention-translate:cuda
+# The host needs an NVIDIA driver for CUDA 13 (580 or later) and the NVIDIA container toolkit.
+# deploy/serve-gpu.yaml shares one GPU between both translators (num_gpus: 0.5 each, float16).
+#
+# The same image runs in KubeRay (deploy/k8s/rayservice.yaml; the CUDA one in deploy/k8s/rayservice-gpu.yaml),
+# which replaces the command with `ray start`.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -40,8 +46,13 @@ RUN chmod -R a+rX /app \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 USER 10001
 
+# The Serve config the CMD runs (late, so that changing it rebuilds no dependency layer).
+ARG SERVE_CONFIG=deploy/serve.yaml
+ENV SERVE_CONFIG=${SERVE_CONFIG}
+
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 
-CMD ["serve", "run", "deploy/serve.yaml"]
+# sh -c so that $SERVE_CONFIG expands; exec hands PID 1 (and the stop signal) to serve.
+CMD ["sh", "-c", "exec serve run \"$SERVE_CONFIG\""]

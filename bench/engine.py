@@ -185,10 +185,11 @@ class OurEngine:
 
 
 class TransformersEngine:
-    def __init__(self, directory: Path, device: str, attention: str) -> None:
+    def __init__(self, directory: Path, device: str, attention: str, dtype: torch.dtype = torch.float32) -> None:
         from transformers import MarianMTModel
 
-        self.model = MarianMTModel.from_pretrained(directory, attn_implementation=attention).to(device).eval()
+        model = MarianMTModel.from_pretrained(directory, attn_implementation=attention)
+        self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
         self.pad = self.model.config.pad_token_id
 
@@ -272,11 +273,14 @@ def engine_specs(device: str, quick: bool, hf_attention: list[str]) -> list[tupl
     specs.append(("ours fp32 +attn", "ours", {"dtype": torch.float32, "return_attention": True}))
     specs.append(("ours bf16", "ours", {"dtype": fast}))
     specs.append(("ours bf16 +attn", "ours", {"dtype": fast, "return_attention": True}))
-    if device == "cuda":
+    if device == "cuda":  # half precision runs natively on a GPU: ours and transformers in each
         specs.append(("ours fp16", "ours", {"dtype": torch.float16}))
+        specs.append(("ours fp16 +attn", "ours", {"dtype": torch.float16, "return_attention": True}))
     for attention in hf_attention:
         specs.append((f"transformers {attention}", "transformers", {"attention": attention}))
     if device == "cuda":
+        specs.append(("transformers bf16", "transformers", {"attention": "sdpa", "dtype": torch.bfloat16}))
+        specs.append(("transformers fp16", "transformers", {"attention": "sdpa", "dtype": torch.float16}))
         specs.append(("ct2 float16", "ct2", {"compute_type": "float16"}))
         specs.append(("ct2 int8", "ct2", {"compute_type": "int8_float16"}))
     else:
@@ -297,6 +301,7 @@ def run(args: argparse.Namespace) -> dict:
     new_tokens = 8 if args.quick else args.new_tokens
     repeats = 1 if args.quick else args.repeats
     results = []
+    failures = []  # engines that could not run here (CTranslate2 without its CUDA libraries, say)
     for size_name in sizes:
         size = SIZES[size_name]
         directory = build_model(work / size.name, spm_directory, size)
@@ -306,15 +311,21 @@ def run(args: argparse.Namespace) -> dict:
         for label, kind, options in engine_specs(args.device, args.quick, args.hf_attention):
             if args.engines and not any(label.startswith(prefix) for prefix in args.engines):
                 continue
-            if kind == "ours":
-                engine = OurEngine(directory, args.device, **options)
-            elif kind == "transformers":
-                engine = TransformersEngine(directory, args.device, **options)
-            else:
-                quantization = {"int8": "int8", "int8_float16": "int8"}.get(options["compute_type"])
-                converted = work / f"{size.name}-ct2-{quantization or 'none'}"
-                convert_ctranslate2(directory, converted, quantization)
-                engine = CTranslate2Engine(converted, tokenizer, args.device, options["compute_type"], args.threads)
+            try:
+                if kind == "ours":
+                    engine = OurEngine(directory, args.device, **options)
+                elif kind == "transformers":
+                    engine = TransformersEngine(directory, args.device, **options)
+                else:
+                    quantization = {"int8": "int8", "int8_float16": "int8"}.get(options["compute_type"])
+                    converted = work / f"{size.name}-ct2-{quantization or 'none'}"
+                    convert_ctranslate2(directory, converted, quantization)
+                    engine = CTranslate2Engine(converted, tokenizer, args.device, options["compute_type"], args.threads)
+                    engine.generate(inputs[:1], 1, 2)  # CUDA libraries load at the first call
+            except (ImportError, RuntimeError, OSError, ValueError) as error:
+                logger.warning("%s %s: not measured: %s", size.name, label, error)
+                failures.append({"model": size.name, "engine": label, "error": f"{type(error).__name__}: {error}"})
+                continue
             for setting in settings:
                 figure = measure(engine, inputs, setting, new_tokens, repeats)
                 logger.info("%-6s %-12s %-22s %9.1f tok/s", size.name, setting.name, label, figure["tokens_per_s"])
@@ -336,23 +347,30 @@ def run(args: argparse.Namespace) -> dict:
         "settings": [s.__dict__ for s in settings],
         "results": [{k: v for k, v in r.items() if k != "outputs"} for r in results],
         "ratios": ratios(results),
+        "failures": failures,
     }
 
 
 def versions() -> dict:
-    import ctranslate2
     import transformers
 
-    return {
-        "torch": torch.__version__, "transformers": transformers.__version__, "ctranslate2": ctranslate2.__version__
-    }
+    found = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "transformers": transformers.__version__}
+    try:
+        import ctranslate2
+
+        found["ctranslate2"] = ctranslate2.__version__
+    except ImportError:
+        found["ctranslate2"] = None
+    return found
+
+
+def is_fp32_transformers(label: str) -> bool:
+    return label.startswith("transformers") and not label.endswith(("fp16", "bf16"))
 
 
 def add_agreement(results: list[dict]) -> None:
     """Each result's share of sequences identical to transformers' (same model and setting)."""
-    reference = {
-        (r["model"], r["setting"]): r["outputs"] for r in results if r["engine"].startswith("transformers")
-    }
+    reference = {(r["model"], r["setting"]): r["outputs"] for r in results if is_fp32_transformers(r["engine"])}
     for r in results:
         if (r["model"], r["setting"]) in reference:
             r["same_as_transformers"] = agreement(r["outputs"], reference[(r["model"], r["setting"])])
@@ -361,18 +379,19 @@ def add_agreement(results: list[dict]) -> None:
 def ratios(results: list[dict]) -> dict:
     """Ratios of tokens/s between engines of the same run, the form the speed targets are stated in.
 
-    "transformers" stands for the faster of its attention implementations measured.
+    "transformers" stands for the faster of its fp32 attention implementations measured.
     """
     speed: dict[tuple[str, str], dict[str, float]] = {}
     for r in results:
         row = speed.setdefault((r["model"], r["setting"]), {})
         row[r["engine"]] = r["tokens_per_s"]
-        if r["engine"].startswith("transformers"):
+        if is_fp32_transformers(r["engine"]):
             row["transformers"] = max(row.get("transformers", 0.0), r["tokens_per_s"])
     pairs = [
         ("ours fp32", "transformers"), ("ours fp32", "ct2 int8"), ("ours bf16", "transformers"),
         ("ours bf16", "ct2 int8"), ("ours fp32 +attn", "ours fp32"), ("ours bf16 +attn", "ours bf16"),
-        ("ours fp16", "ct2 float16"),
+        ("ours fp16", "ct2 float16"), ("ours fp16", "transformers fp16"), ("ours bf16", "transformers bf16"),
+        ("ours fp16 +attn", "ours fp16"),
     ]
     out: dict[str, dict[str, float]] = {}
     for (model, setting), row in speed.items():
@@ -403,7 +422,7 @@ def print_table(report: dict) -> None:
         lines.append("| " + key + " | " + " | ".join(f"{values[n]:.2f}" if n in values else "" for n in names) + " |")
     print("\n".join(lines))
     agreements = [(r["model"], r["setting"], r["engine"], r["same_as_transformers"]) for r in results
-                  if "same_as_transformers" in r and not r["engine"].startswith("transformers")]
+                  if "same_as_transformers" in r and not is_fp32_transformers(r["engine"])]
     print()
     print("sequences identical to transformers':")
     for model, setting, engine, share in agreements:

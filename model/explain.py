@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from model.errors import InvalidInputError
+from model.search import _to_host
 from model.transformer import MultiHeadAttention, Transformer
 
 KINDS = ("cross", "encoder_self")
@@ -28,7 +29,7 @@ class ForcedDecode:
     target_ids: list[int]
     token_logprobs: list[float]  # log-probability of each target id given its prefix
     cross_attention: Tensor  # (decoder_layers, heads, T, S)
-    encoder_self_attention: Tensor  # (encoder_layers, heads, S, S)
+    encoder_self_attention: Tensor | None  # (encoder_layers, heads, S, S) when asked for
 
 
 @dataclass
@@ -73,25 +74,25 @@ def _check_ids(model: Transformer, source_ids: list[int], target_ids: list[int])
 
 
 @torch.inference_mode()
-def forced_decode(model: Transformer, source_ids: list[int], target_ids: list[int]) -> ForcedDecode:
-    """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs."""
+def forced_decode(
+    model: Transformer, source_ids: list[int], target_ids: list[int], encoder_attention: bool = True
+) -> ForcedDecode:
+    """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs
+    (and, with encoder_attention, the encoder's self-attention; it is not computed otherwise)."""
     _check_ids(model, source_ids, target_ids)
     config = model.config
     device = model.final_logits_bias.device
     source = torch.tensor([source_ids], device=device)
     mask = torch.ones_like(source, dtype=torch.bool)
     decoder_input = torch.tensor([[config.decoder_start_token_id, *target_ids[:-1]]], device=device)
-    encoder = model.encode(source, mask, need_weights=True)
+    encoder = model.encode(source, mask, need_weights=encoder_attention)
     hidden, cross = model.decode(decoder_input, encoder, need_weights=True)
     logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
     chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
-    return ForcedDecode(
-        list(source_ids),
-        list(target_ids),
-        chosen.tolist(),
-        torch.stack([c[0] for c in cross]).float().cpu(),  # (L, h, T, S)
-        torch.stack([a[0] for a in encoder.self_attention]).float().cpu(),  # (L, h, S, S)
-    )
+    encoder_maps = torch.stack([a[0] for a in encoder.self_attention]).float() if encoder_attention else None
+    cross_maps = torch.stack([c[0] for c in cross]).float()
+    logprobs_host, cross_host, encoder_host = _to_host([chosen, cross_maps, encoder_maps])  # (T,), (L, h, T, S), …
+    return ForcedDecode(list(source_ids), list(target_ids), logprobs_host.tolist(), cross_host, encoder_host)
 
 
 def _head_projection(linear: torch.nn.Linear, x: Tensor, head: int, d_k: int) -> Tensor:

@@ -13,6 +13,15 @@ Done inputs leave the batch (their cache rows are dropped), so they stop costing
 compute. Per step we record which row each running beam came from; hypotheses are
 rebuilt at the end by walking those back-pointers, which also yields the cross-attention
 along the chosen path.
+
+Host reads. On a GPU every read of a device tensor on the host (`.tolist()`, `.cpu()`) waits
+for the device to finish its queue. The search keeps its state on the device, reads only
+which inputs are done, once every `check_every` steps (1 on the CPU, where a read costs
+nothing and a finished row leaves at once; CHECK_EVERY_GPU on a GPU, where finished rows
+run a few extra steps instead), and copies tokens, scores and attention back once per
+batch. `host_reads` counts the reads (tests and bench/gpu_check.py measure them).
+Attention is captured in full (every layer and head) only when asked; otherwise only the
+alignment head's rows, which the alignments need, and those stay on the device until the end.
 """
 
 from __future__ import annotations
@@ -26,6 +35,36 @@ from model.options import DecodingOptions
 from model.transformer import Transformer
 
 NEG_INF = -1.0e9
+CHECK_EVERY_GPU = 8  # decoding steps between reads of which inputs are done, on a GPU
+
+host_reads = 0  # device → host reads made by the search (one per `_read`), for tests and benchmarks
+
+
+def _read(tensor: Tensor) -> list:
+    """The host's copy of a small device tensor as a list: the one way the search reads state back per step."""
+    global host_reads
+    host_reads += 1
+    return tensor.tolist()
+
+
+def _to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
+    """Copy many device tensors to the CPU with one transfer per dtype (one wait instead of one per tensor)."""
+    global host_reads
+    out: list[Tensor | None] = list(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor is not None and tensor.device.type != "cpu":
+            by_dtype.setdefault(tensor.dtype, []).append(index)
+    for indices in by_dtype.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in indices]).cpu()
+        host_reads += 1
+        for i, part in zip(indices, flat.split([tensors[i].numel() for i in indices]), strict=True):
+            out[i] = part.view(tensors[i].shape)
+    return out
+
+
+def default_check_every(device: torch.device) -> int:
+    return 1 if device.type == "cpu" else CHECK_EVERY_GPU
 
 
 @dataclass
@@ -37,6 +76,7 @@ class Hypothesis:
     token_logprobs: list[float]
     cross_attention: Tensor | None  # (decoder_layers, heads, len(token_ids), source_length) or None
     normalized_score: float  # score / len**length_penalty, the beam ranking key
+    alignment_attention: Tensor | None = None  # (len(token_ids), source_length): the alignment head's rows
 
 
 def default_max_new_tokens(source_length: int, limit: int) -> int:
@@ -54,7 +94,19 @@ class _Step:
     candidate_row: Tensor  # (A, 2k) row this step each candidate extends
     candidate_token: Tensor  # (A, 2k)
     candidate_logprob: Tensor  # (A, 2k) log-probability of the candidate token alone
-    attention: Tensor | None  # (N, L, h, S) cross-attention rows used at this step
+    attention: Tensor | None  # (N, L, h, S) cross-attention rows used at this step, or (N, S) one head's
+
+
+def _captured(cross: list[Tensor] | None, full: bool, head: tuple[int, int | None] | None) -> Tensor | None:
+    """What a step keeps of its cross-attention (per layer (N, h, S)): all of it (N, L, h, S) when
+    `full`, else the alignment head's rows (N, S) (`head` = (layer, head or None for the layer's
+    head average)), else nothing."""
+    if cross is None:
+        return None
+    if full:
+        return torch.stack(cross, dim=1)
+    layer, index = head
+    return cross[layer].mean(dim=1) if index is None else cross[layer][:, index]
 
 
 @torch.inference_mode()
@@ -63,11 +115,16 @@ def beam_search(
     source_ids: list[list[int]],
     options: DecodingOptions | None = None,
     return_attention: bool = False,
+    alignment_head: tuple[int, int | None] | None = None,
+    check_every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
     min_new_tokens bans eos before that many tokens (transformers' min_new_tokens); the length budget still
-    ends every hypothesis with eos.
+    ends every hypothesis with eos. return_attention: each hypothesis carries every layer's and head's
+    cross-attention; alignment_head (layer, head or None): it carries that head's rows
+    (`alignment_attention`), all an alignment needs. check_every: steps between reads of which
+    inputs are done (None: 1 on the CPU, CHECK_EVERY_GPU on a GPU); the output is the same.
     """
     options = options or DecodingOptions()
     config = model.config
@@ -88,9 +145,33 @@ def beam_search(
     padded = padded.to(device)
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     encoder = model.encode(padded, mask)
+    capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
     if options.beam_size == 1:
-        return _greedy(model, encoder, lengths, budgets, options, return_attention)
-    return _beam(model, encoder, lengths, budgets, options, return_attention)
+        return _greedy(model, encoder, lengths, budgets, options, capture)
+    return _beam(model, encoder, lengths, budgets, options, capture)
+
+
+@dataclass(frozen=True)
+class _Capture:
+    full: bool  # every layer's and head's cross-attention
+    head: tuple[int, int | None] | None  # else this head's rows (layer, head or None for the average)
+    check_every: int
+
+    @property
+    def wanted(self) -> bool:
+        return self.full or self.head is not None
+
+    def keep(self, cross: list[Tensor] | None) -> Tensor | None:
+        return _captured(cross, self.full, self.head) if self.wanted else None
+
+    def hypothesis(self, rows: Tensor | None, source_length: int) -> tuple[Tensor | None, Tensor | None]:
+        """(cross_attention, alignment_attention) from one hypothesis's rows stacked per step:
+        (T, L, h, S) or (T, S) → (L, h, T, S) or (T, S), cut to the source length."""
+        if rows is None:
+            return None, None
+        if self.full:
+            return rows.permute(1, 2, 0, 3)[..., :source_length].contiguous(), None
+        return None, rows[..., :source_length].float().contiguous()
 
 
 def _next_logprobs(logits: Tensor, step: int, min_new_tokens: int, ending: list[int], config) -> Tensor:
@@ -116,61 +197,74 @@ def _greedy(
     lengths: list[int],
     budgets: list[int],
     options: DecodingOptions,
-    return_attention: bool,
+    capture: _Capture,
 ) -> list[list[Hypothesis]]:
     """Beam search with k=1, without the beam bookkeeping: argmax per row, finished rows leave the batch.
 
-    Tokens and scores come to the host once per step (they decide which rows leave);
-    the cross-attention of each step stays a tensor until the end.
+    Tokens and scores are written into device buffers; which rows finished is read every
+    `capture.check_every` steps (a finished row keeps decoding until then; its extra tokens are
+    cut off), and everything comes to the host once at the end.
     """
     config = model.config
     length_penalty, min_new_tokens = options.length_penalty, options.min_new_tokens
     device = encoder.hidden.device
-    batch = len(lengths)
-    cache = model.start_cache(encoder, capacity=max(budgets))
-    active = list(range(batch))  # input index of each row
-    tokens: list[list[int]] = [[] for _ in range(batch)]
-    token_logprobs: list[list[float]] = [[] for _ in range(batch)]
-    attention_steps: list[Tensor] = []  # per step (N, L, h, S)
+    batch, width = len(lengths), max(budgets)
+    cache = model.start_cache(encoder, capacity=width)
+    active = list(range(batch))  # input index of each row (host)
+    rows_of = torch.arange(batch, device=device)  # the same on the device
+    out_tokens = torch.full((batch, width), config.pad_token_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros((batch, width), device=device)
+    out_length = torch.full((batch,), width, dtype=torch.long, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)  # per row: no eos yet
+    attention_steps: list[Tensor] = []  # per step (N, L, h, S) or (N, S)
     attention_rows: list[list[int]] = [[] for _ in range(batch)]  # per input: its row in the concatenated steps
     offset = 0
     last_tokens = torch.full((batch,), config.decoder_start_token_id, dtype=torch.long, device=device)
-    for step in range(max(budgets)):
-        logits, cross = model.decode_step(last_tokens, cache, need_weights=return_attention)
+    for step in range(width):
+        logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
         ending = [row for row, index in enumerate(active) if budgets[index] <= step + 1]
         logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
-        best = logprobs.argmax(dim=-1)  # (N,)
-        best_logprob = logprobs.gather(1, best[:, None])[:, 0]
-        if return_attention:
-            attention_steps.append(torch.stack(cross, dim=1))  # (N, L, h, S)
-        keep = []
-        for row, (token, logprob) in enumerate(zip(best.tolist(), best_logprob.tolist(), strict=True)):
-            index = active[row]
-            tokens[index].append(token)
-            token_logprobs[index].append(logprob)
-            attention_rows[index].append(offset + row)
-            if token != config.eos_token_id:
-                keep.append(row)
-        offset += len(active)
+        best_logprob, best = logprobs.max(dim=-1)  # (N,)
+        out_tokens[rows_of, step] = best
+        out_logprobs[rows_of, step] = best_logprob
+        ended = alive & (best == config.eos_token_id)
+        out_length[rows_of] = torch.where(ended, step + 1, out_length[rows_of])
+        alive = alive & ~ended
+        if capture.wanted:
+            attention_steps.append(capture.keep(cross))
+            for row, index in enumerate(active):
+                attention_rows[index].append(offset + row)
+            offset += len(active)
+        last_tokens = best
+        if (step + 1) % capture.check_every and step + 1 < width:
+            continue
+        keep = [row for row, live in enumerate(_read(alive)) if live]
         if not keep:
             break
-        last_tokens = best
         if len(keep) < len(active):
             rows = torch.tensor(keep, device=device)
             cache.reorder(rows)
-            last_tokens = best.index_select(0, rows)
+            last_tokens, alive, rows_of = last_tokens[rows], alive[rows], rows_of[rows]
             active = [active[row] for row in keep]
 
-    attention = torch.cat(attention_steps).cpu() if return_attention else None  # (sum N, L, h, S)
+    attention = torch.cat(attention_steps) if attention_steps else None  # (sum N, L, h, S) or (sum N, S)
+    tokens, logprobs, ends, attention = _to_host([out_tokens, out_logprobs, out_length, attention])
     output = []
     for index in range(batch):
-        cross_attention = None
-        if attention is not None:
-            rows = attention[attention_rows[index]]  # (T, L, h, S)
-            cross_attention = rows.permute(1, 2, 0, 3)[..., : lengths[index]].contiguous()  # (L, h, T, S)
-        score = sum(token_logprobs[index])
-        normalized = score / len(tokens[index]) ** length_penalty
-        output.append([Hypothesis(tokens[index], score, token_logprobs[index], cross_attention, normalized)])
+        end = int(ends[index])
+        rows = attention[attention_rows[index][:end]] if attention is not None else None
+        cross_attention, alignment_attention = capture.hypothesis(rows, lengths[index])
+        token_logprobs = logprobs[index, :end].tolist()
+        score = sum(token_logprobs)
+        normalized = score / end**length_penalty
+        output.append(
+            [
+                Hypothesis(
+                    tokens[index, :end].tolist(), score, token_logprobs, cross_attention, normalized,
+                    alignment_attention,
+                )
+            ]
+        )
     return output
 
 
@@ -180,9 +274,14 @@ def _beam(
     lengths: list[int],
     budgets: list[int],
     options: DecodingOptions,
-    return_attention: bool,
+    capture: _Capture,
 ) -> list[list[Hypothesis]]:
-    """Beam search proper: each source repeated k times for its beams, 2k candidates per input and step."""
+    """Beam search proper: each source repeated k times for its beams, 2k candidates per input and step.
+
+    The search state stays on the device. An input that is done freezes (it takes no more finished
+    hypotheses) and leaves the batch at the next check, every `capture.check_every` steps; the
+    back-pointers and finished hypotheses come to the host once, at the end.
+    """
     k, length_penalty, min_new_tokens = options.beam_size, options.length_penalty, options.min_new_tokens
     num_return_sequences = options.n_best
     config = model.config
@@ -201,18 +300,20 @@ def _beam(
     finished_done = torch.zeros((batch, k), dtype=torch.bool, device=device)
     finished_ref = torch.full((batch, k), -1, dtype=torch.long, device=device)  # step * (2k) * batch + a * 2k + j
     improvable = torch.ones(batch, dtype=torch.bool, device=device)
+    frozen = torch.zeros(batch, dtype=torch.bool, device=device)  # done: its finished hypotheses are final
     first_k = torch.arange(2 * k, device=device) < k
     candidate_offsets = torch.arange(2 * k, device=device)
-    # Per original input: its final (finished_scores, finished_done, finished_ref).
+    # Per original input: its final (finished_scores, finished_done, finished_ref), on the device until the end.
     results: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     steps: list[_Step] = []
     run_source_row = run_token = run_logprob = None
     vocab = config.target_vocab_size
     ref_stride = 2 * k * batch
+    width = max(budgets)
 
-    for step in range(max(budgets)):
+    for step in range(width):
         items = len(active)
-        logits, cross = model.decode_step(last_tokens, cache, need_weights=return_attention)
+        logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
         ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
         logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
         total = (logprobs.view(items, k, vocab) + running_scores[:, :, None]).view(items, k * vocab)
@@ -228,11 +329,12 @@ def _beam(
         next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
 
         # Finished hypotheses: eos (or budget) candidates among the first k, length-normalised.
-        eligible = hits & first_k & improvable[:, None] & ~finished_done.all(dim=1, keepdim=True)
+        open_items = improvable & ~frozen & ~finished_done.all(dim=1)
+        eligible = hits & first_k & open_items[:, None]
         candidate = torch.where(eligible, top_scores / float(step + 1) ** length_penalty, top_scores + 2 * NEG_INF)
         refs = step * ref_stride + item_rows * 2 * k + candidate_offsets
         merged_scores = torch.cat([finished_scores, candidate], dim=1)
-        merged_done = torch.cat([finished_done, hits & first_k], dim=1)
+        merged_done = torch.cat([finished_done, hits & first_k & ~frozen[:, None]], dim=1)
         merged_ref = torch.cat([finished_ref, refs], dim=1)
         finished_scores, keep = torch.topk(merged_scores, k, dim=1)
         finished_done = merged_done.gather(1, keep)
@@ -242,52 +344,58 @@ def _beam(
         best_possible = next_scores[:, :1] / float(step + 1) ** length_penalty
         worst_finished = torch.where(finished_done, finished_scores.min(dim=1, keepdim=True).values, NEG_INF)
         improvable = improvable & (best_possible > worst_finished).any(dim=1)
-        done = ~improvable | finished_done.all(dim=1) | hits.all(dim=1)
+        frozen = frozen | ~improvable | finished_done.all(dim=1) | hits.all(dim=1)
 
-        steps.append(
-            _Step(
-                run_source_row, run_token, run_logprob,
-                row.cpu(), token.cpu(), token_logprob.cpu(),
-                torch.stack(cross, dim=1).cpu() if return_attention else None,  # (N, L, h, S)
-            )
-        )
-        done_list = done.tolist()
-        for a, finished in enumerate(done_list):
-            if finished:
-                results[active[a]] = (finished_scores[a].cpu(), finished_done[a].cpu(), finished_ref[a].cpu())
-        if all(done_list):
-            break
-
-        # Reorder the cache so row r holds the beam it continues; inputs that are done leave.
+        steps.append(_Step(run_source_row, run_token, run_logprob, row, token, token_logprob, capture.keep(cross)))
         new_rows = row.gather(1, chosen)  # (A, k)
         last_tokens = token.gather(1, chosen)
         new_logprobs = token_logprob.gather(1, chosen)
-        if any(done_list):
-            keep_items = torch.tensor([a for a, finished in enumerate(done_list) if not finished], device=device)
-            new_rows, last_tokens = new_rows[keep_items], last_tokens[keep_items]
-            new_logprobs = new_logprobs[keep_items]
-            running_scores, finished_scores = next_scores[keep_items], finished_scores[keep_items]
-            finished_done, finished_ref = finished_done[keep_items], finished_ref[keep_items]
-            improvable, budget = improvable[keep_items], budget[keep_items]
-            active = [index for index, finished in zip(active, done_list, strict=True) if not finished]
-        else:
-            running_scores = next_scores
+        running_scores = next_scores
+        if (step + 1) % capture.check_every == 0 or step + 1 == width:
+            done_list = _read(frozen)
+            for a, finished in enumerate(done_list):
+                if finished:
+                    results[active[a]] = (finished_scores[a], finished_done[a], finished_ref[a])
+            if all(done_list):
+                break
+            if any(done_list):  # inputs that are done leave
+                keep_items = torch.tensor([a for a, finished in enumerate(done_list) if not finished], device=device)
+                new_rows, last_tokens = new_rows[keep_items], last_tokens[keep_items]
+                new_logprobs = new_logprobs[keep_items]
+                running_scores, finished_scores = running_scores[keep_items], finished_scores[keep_items]
+                finished_done, finished_ref = finished_done[keep_items], finished_ref[keep_items]
+                improvable, budget, frozen = improvable[keep_items], budget[keep_items], frozen[keep_items]
+                active = [index for index, finished in zip(active, done_list, strict=True) if not finished]
+        # Reorder the cache so row r holds the beam it continues.
         new_rows, last_tokens = new_rows.reshape(-1), last_tokens.reshape(-1)  # (A' * k,)
-        run_source_row, run_token, run_logprob = new_rows.cpu(), last_tokens.cpu(), new_logprobs.reshape(-1).cpu()
+        run_source_row, run_token, run_logprob = new_rows, last_tokens, new_logprobs.reshape(-1)
         cache.reorder(new_rows, same_sources=True)
 
+    finals = [part for index in range(batch) for part in results[index]]
+    steps, finals = _steps_to_host(steps, finals)
     output: list[list[Hypothesis]] = []
     for index in range(batch):
-        scores, finished, refs = results[index]
+        scores, finished, refs = finals[3 * index : 3 * index + 3]
         hypotheses = []
         for slot in range(k):
             if not bool(finished[slot]) or len(hypotheses) == num_return_sequences:
                 continue
-            hypotheses.append(
-                _backtrack(steps, int(refs[slot]), ref_stride, k, float(scores[slot]), lengths[index])
-            )
+            hypothesis = _backtrack(steps, int(refs[slot]), ref_stride, k, float(scores[slot]), lengths[index])
+            if not capture.full and hypothesis.cross_attention is not None:
+                hypothesis.alignment_attention = hypothesis.cross_attention.float()
+                hypothesis.cross_attention = None
+            hypotheses.append(hypothesis)
         output.append(hypotheses)
     return output
+
+
+def _steps_to_host(steps: list[_Step], extra: list[Tensor]) -> tuple[list[_Step], list[Tensor]]:
+    """Every step's back-pointers and attention, and `extra`, on the CPU in one transfer per dtype."""
+    fields = ("run_source_row", "run_token", "run_logprob", "candidate_row", "candidate_token",
+              "candidate_logprob", "attention")
+    flat = _to_host([getattr(step, name) for step in steps for name in fields] + extra)
+    width = len(fields)
+    return [_Step(*flat[i * width : (i + 1) * width]) for i in range(len(steps))], flat[len(steps) * width :]
 
 
 def _backtrack(
@@ -314,5 +422,5 @@ def _backtrack(
     cross_attention = None
     if attention is not None:
         attention.reverse()
-        cross_attention = torch.stack(attention, dim=2)[..., :source_length].contiguous()  # (L, h, T, S)
+        cross_attention = torch.stack(attention, dim=-2)[..., :source_length].contiguous()  # (L, h, T, S) or (T, S)
     return Hypothesis(tokens, sum(logprobs), logprobs, cross_attention, normalized)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.alignment import alignment_matrix, attention_links
+from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
@@ -100,9 +100,16 @@ def word_alignment(
 
     The source's final </s> is never a candidate (it holds no word).
     """
+    return word_links(alignment_matrix(cross_attention, layer, head, shift), source_tokens, target_tokens)
+
+
+def word_links(
+    matrix: Tensor, source_tokens: list[str], target_tokens: list[str]
+) -> tuple[list[tuple[int, int]], list[str], list[str]]:
+    """`word_alignment` from the (T, S) map it reads: (pairs, source words, target words)."""
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
-    matrix = alignment_matrix(cross_attention, layer, head, shift)  # (T, S)
+    matrix = matrix.float()
     candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
     if not candidates:
         candidates = list(range(len(source_groups)))
@@ -193,14 +200,23 @@ class Translator:
     ) -> Translator:
         """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available).
 
-        dtype: a torch dtype or its name ("float32", "bfloat16", "float16"); None is float32.
+        dtype: a torch dtype or its name ("float32", "bfloat16", "float16"); None is float32. On a GPU a
+        half dtype runs natively; on the CPU it stores the matrices in it around fp32 activations.
         """
         directory = resolve_model_path(name_or_path)
         if isinstance(dtype, str):
             if dtype not in DTYPE_NAMES:
                 raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
             dtype = DTYPE_NAMES[dtype]
-        model = load_model(directory, dtype=dtype or torch.float32).to(pick_device(device))
+        dtype = dtype or torch.float32
+        target = pick_device(device)
+        if target.type == "cuda" and dtype != torch.float32:
+            # A GPU runs half precision natively (weights, activations and cache in dtype; log-softmax in
+            # fp32): the CPU's mode (bf16 matrices around fp32 activations, see Transformer.cast_weights)
+            # would add a cast around every matmul there.
+            model = load_model(directory).to(target).to(dtype)
+        else:
+            model = load_model(directory, dtype=dtype).to(target)
         tokenizer = MarianTokenizer.from_directory(directory)
         if tokenizer.eos_id != model.config.eos_token_id:
             logger.warning(
@@ -258,12 +274,15 @@ class Translator:
         options: DecodingOptions | None = None,
         *,
         return_attention: bool = False,
+        alignment_attention: bool = False,
         **settings,
     ) -> list[list[Hypothesis]]:
         """Decode id sequences; per input a list of hypotheses, best first.
 
         Give a `DecodingOptions`, or its fields by keyword (transformers' `num_return_sequences`
         is accepted for n_best): `generate(ids, beam_size=4, max_new_tokens=64)`.
+        return_attention: each hypothesis carries every layer's and head's cross-attention;
+        alignment_attention: only the alignment head's rows (Hypothesis.alignment_attention).
         """
         options = decoding_options(options, settings)
         if not source_ids:
@@ -274,7 +293,8 @@ class Translator:
                 raise InvalidInputError(f"source_ids[{index}] must be a non-empty list of ids below {vocab}")
             if len(ids) > self.config.max_position_embeddings:
                 raise InputTooLongError(f"source_ids[{index}] is longer than max_position_embeddings")
-        return beam_search(self.model, source_ids, options, return_attention=return_attention)
+        head = self.alignment_head if alignment_attention else None
+        return beam_search(self.model, source_ids, options, return_attention=return_attention, alignment_head=head)
 
     def translate(
         self,
@@ -286,15 +306,18 @@ class Translator:
     ) -> list[Translation]:
         """Translate texts with `options` (or its fields by keyword, as `generate`).
 
-        Alignments are always computed (from the captured cross-attention); the attention tensors
-        themselves are returned only when return_attention is true. A blank text translates to ""
-        without running the model.
+        Alignments are always computed (from the alignment head's captured rows); every layer's and
+        head's attention is captured and returned only when return_attention is true. A blank text
+        translates to "" without running the model.
         """
         options = decoding_options(options, settings)
         source_ids = self.encode_source(texts)
         blank = [not text.strip() for text in texts]
         nbest_of_text = self.generate(
-            [ids for ids, empty in zip(source_ids, blank, strict=True) if not empty], options, return_attention=True
+            [ids for ids, empty in zip(source_ids, blank, strict=True) if not empty],
+            options,
+            return_attention=return_attention,
+            alignment_attention=not return_attention,
         )
         nbest_iter = iter(nbest_of_text)
         nbest = [[] if empty else next(nbest_iter) for empty in blank]
@@ -395,7 +418,11 @@ class Translator:
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
-        pairs, words = self._alignments(attention, source_tokens, target_tokens)
+        if attention is not None:
+            matrix = alignment_matrix(attention, *self.alignment_head)
+        else:
+            matrix = hypothesis.alignment_attention  # (T, S): the alignment head's rows
+        pairs, words = self._alignments(matrix, source_tokens, target_tokens)
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -411,19 +438,20 @@ class Translator:
             cross_attention=attention if keep_attention else None,
         )
 
-    def _alignments(self, attention: Tensor, source_tokens: list[str], target_tokens: list[str]):
-        layer, head = self.alignment_head
-        shift = self.alignment_shift
-        words = word_alignment(attention, layer, source_tokens, target_tokens, head, shift)
-        return token_alignment(attention, layer, head, shift), words
+    def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
+        """Token and word alignments from the alignment head's (T, S) rows, read as the model declares."""
+        if self.alignment_shift:
+            matrix = shift_rows(matrix)
+        return attention_links(matrix), word_links(matrix, source_tokens, target_tokens)
 
     def explain(self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False) -> Explanation:
         """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
         `translate` gave for that output, plus (encoder_attention) the encoder's self-attention."""
-        decoded = forced_decode(self.model, list(source_ids), list(target_ids))
+        decoded = forced_decode(self.model, list(source_ids), list(target_ids), encoder_attention)
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
-        pairs, words = self._alignments(decoded.cross_attention, source_tokens, target_tokens)
+        matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
+        pairs, words = self._alignments(matrix, source_tokens, target_tokens)
         return Explanation(
             source_ids=list(source_ids),
             target_ids=list(target_ids),
@@ -439,7 +467,7 @@ class Translator:
             alignment_head=self.alignment_head,
             alignment_shift=self.alignment_shift,
             cross_attention=decoded.cross_attention,
-            encoder_self_attention=decoded.encoder_self_attention if encoder_attention else None,
+            encoder_self_attention=decoded.encoder_self_attention,
         )
 
     def attention_steps(

@@ -8,6 +8,7 @@ small sentencepiece models on a synthetic corpus so the tokenizer path is real t
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -17,6 +18,9 @@ import torch
 from model.checkpoint import save_model
 from model.config import ModelConfig
 from model.transformer import Transformer
+
+# The engine tests' device: cpu here and in CI; bench/gpu_check.py runs them with TRANSLATE_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("TRANSLATE_TEST_DEVICE", "cpu")
 
 ENGLISH_WORDS = (
     "the cat dog sat on mat I you we they like love see saw went to school house big small red blue "

@@ -11,7 +11,7 @@ import torch
 
 from model import InvalidInputError, Translator
 from model.explain import attention_steps, forced_decode
-from tests.tiny import make_model_dir
+from tests.tiny import DEVICE, make_model_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def translator(model_dir):
-    return Translator.from_pretrained(model_dir, device="cpu")
+    return Translator.from_pretrained(model_dir, device=DEVICE)
 
 
 @pytest.fixture(scope="module")

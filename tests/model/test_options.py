@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from model import DecodingOptions, InvalidInputError, Translator
-from tests.tiny import make_model_dir
+from tests.tiny import DEVICE, make_model_dir
 
 
 @pytest.fixture(scope="module")
 def translator(tmp_path_factory):
-    return Translator.from_pretrained(make_model_dir(tmp_path_factory.mktemp("options"), seed=4), device="cpu")
+    return Translator.from_pretrained(make_model_dir(tmp_path_factory.mktemp("options"), seed=4), device=DEVICE)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 
 from model import Translator
 from model.translator import PRETRAINED_DIR, pretrained_names
+from tests.tiny import DEVICE
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,7 +26,7 @@ def test_both_directions_are_shipped():
 
 @pytest.fixture(scope="module", params=["en-zh", "zh-en"])
 def shipped(request):
-    return request.param, Translator.from_pretrained(request.param, device="cpu")
+    return request.param, Translator.from_pretrained(request.param, device=DEVICE)
 
 
 def test_each_model_is_small_and_has_a_model_card(shipped):
@@ -60,7 +61,7 @@ def test_greedy_output_equals_transformers(shipped):
 
 def test_chinese_output_writes_chinese_punctuation():
     """The target sentencepiece model folds ？！， to ASCII (NFKC); the text users get has them back."""
-    translator = Translator.from_pretrained("en-zh", device="cpu")
+    translator = Translator.from_pretrained("en-zh", device=DEVICE)
     questions = translator.translate(["Where is the station?", "Are you hungry?", "Do you like tea?"], beam_size=4)
     for translation in questions:
         assert translation.text.endswith("？"), translation.text
@@ -73,6 +74,6 @@ def test_chinese_output_writes_chinese_punctuation():
 
 
 def test_chinese_source_text_does_not_start_with_a_lone_word_boundary_piece():
-    translator = Translator.from_pretrained("zh-en", device="cpu")
+    translator = Translator.from_pretrained("zh-en", device=DEVICE)
     for text in ["到了你该去睡觉的时候了。", "我也是这么想的。", "今天很冷。"]:
         assert translator.tokenizer.source_tokens(translator.encode_source([text])[0])[0] != "\u2581"

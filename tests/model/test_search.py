@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import Translator
-from tests.tiny import make_model_dir, synthetic_corpus
+from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=3)]
 
@@ -14,18 +14,21 @@ SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=3)]
 @pytest.fixture(scope="module", params=[True, False], ids=["shared", "separate"])
 def translator(request, tmp_path_factory):
     directory = make_model_dir(tmp_path_factory.mktemp("search"), shared=request.param, seed=5)
-    return Translator.from_pretrained(directory, device="cpu")
+    return Translator.from_pretrained(directory, device=DEVICE)
 
 
 def greedy_without_cache(translator: Translator, source: list[int], steps: int):
     """Reference greedy decoding that recomputes the whole prefix at every step (no KV cache)."""
     model, config = translator.model, translator.config
-    encoder = model.encode(torch.tensor([source]), torch.ones(1, len(source), dtype=torch.bool))
+    device = translator.device
+    encoder = model.encode(
+        torch.tensor([source], device=device), torch.ones(1, len(source), dtype=torch.bool, device=device)
+    )
     prefix = [config.decoder_start_token_id]
     rows = []
     with torch.no_grad():
         for step in range(steps):
-            hidden, cross = model.decode(torch.tensor([prefix]), encoder, need_weights=True)
+            hidden, cross = model.decode(torch.tensor([prefix], device=device), encoder, need_weights=True)
             logits = model.logits(hidden[0, -1])
             logits[config.pad_token_id] = float("-inf")
             if step == steps - 1:
@@ -36,7 +39,7 @@ def greedy_without_cache(translator: Translator, source: list[int], steps: int):
             prefix.append(token)
             if token == config.eos_token_id:
                 break
-    return prefix[1:], torch.stack(rows, dim=2)  # (L, h, T, S)
+    return prefix[1:], torch.stack(rows, dim=2).cpu()  # (L, h, T, S)
 
 
 def test_cached_decoding_equals_recomputing_the_prefix(translator):

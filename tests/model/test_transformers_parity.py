@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import Translator
-from tests.tiny import make_hf_model_dir, synthetic_corpus
+from tests.tiny import DEVICE, make_hf_model_dir, synthetic_corpus
 
 transformers = pytest.importorskip("transformers")
 
@@ -46,7 +46,7 @@ def pair(request, tmp_path_factory):
     )
     reference = transformers.MarianMTModel.from_pretrained(directory, attn_implementation="eager").eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
-    return Translator.from_pretrained(directory, device="cpu"), reference, tokenizer
+    return Translator.from_pretrained(directory, device=DEVICE), reference, tokenizer
 
 
 def _batch(translator: Translator, texts: list[str]):

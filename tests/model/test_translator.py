@@ -13,7 +13,7 @@ from model import InputTooLongError, InvalidInputError, Translator, UnknownModel
 from model.explain import forced_decode
 from model.tokenizer import word_groups
 from model.translator import token_alignment
-from tests.tiny import make_model_dir, synthetic_corpus
+from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 ALIGNMENT_SENTENCES = [english for english, _ in synthetic_corpus(count=8, seed=11)]
 
@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def translator(model_dir):
-    return Translator.from_pretrained(model_dir, device="cpu")
+    return Translator.from_pretrained(model_dir, device=DEVICE)
 
 
 def test_translation_carries_tokens_scores_alignment(translator):
@@ -80,7 +80,7 @@ def test_a_declared_alignment_head_is_read_alone(tmp_path_factory):
     directory = make_model_dir(
         tmp_path_factory.mktemp("alignment-head"), shared=True, seed=7, alignment_layer=1, alignment_head=2
     )
-    translator = Translator.from_pretrained(directory, device="cpu")
+    translator = Translator.from_pretrained(directory, device=DEVICE)
     translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
     maps = oracle_cross_attention(directory, translations)
     for translation, attention in zip(translations, maps, strict=True):

@@ -1,6 +1,9 @@
 """The deployment files agree with each other and with the code: serve.yaml, RayService, Dockerfile, Prometheus."""
 
+import copy
+import json
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,52 +16,142 @@ from service.config import ServiceConfig, translator_deployment_name
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
+SERVE_GPU_CONFIG = yaml.safe_load((REPO / "deploy" / "serve-gpu.yaml").read_text())
 RAY_SERVICE = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice.yaml").read_text())
+RAY_SERVICE_GPU = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice-gpu.yaml").read_text())
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
+# Each Serve config, and the RayService that embeds it.
+SERVE_CONFIGS = {"serve.yaml": SERVE_CONFIG, "serve-gpu.yaml": SERVE_GPU_CONFIG}
+PAIRS = {"rayservice.yaml": (RAY_SERVICE, SERVE_CONFIG), "rayservice-gpu.yaml": (RAY_SERVICE_GPU, SERVE_GPU_CONFIG)}
+each_serve_config = pytest.mark.parametrize("serve_config", list(SERVE_CONFIGS.values()), ids=list(SERVE_CONFIGS))
+each_ray_service = pytest.mark.parametrize(("ray_service", "serve_config"), list(PAIRS.values()), ids=list(PAIRS))
 
-def test_the_serve_config_arguments_are_a_valid_service_config():
-    (application,) = SERVE_CONFIG["applications"]
+
+def translators(serve_config: dict) -> list[dict]:
+    (application,) = serve_config["applications"]
+    return [d for d in application["deployments"] if d["name"].startswith("translator-")]
+
+
+@each_serve_config
+def test_the_serve_config_arguments_are_a_valid_service_config(serve_config):
+    (application,) = serve_config["applications"]
     assert application["import_path"] == "service.app:build_app"
     config = ServiceConfig.model_validate(application["args"])
     assert [m.id for m in config.models] == ["en-zh", "zh-en"]
 
 
-def test_the_serve_config_has_settings_for_every_deployment_the_app_builds():
-    (application,) = SERVE_CONFIG["applications"]
+@each_serve_config
+def test_the_serve_config_has_settings_for_every_deployment_the_app_builds(serve_config):
+    (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
     expected = {"Ingress", *(translator_deployment_name(m.id) for m in config.models)}
     assert {d["name"] for d in application["deployments"]} == expected
 
 
-def test_the_application_builder_accepts_the_serve_config_arguments():
-    (application,) = SERVE_CONFIG["applications"]
+@each_serve_config
+def test_the_application_builder_accepts_the_serve_config_arguments(serve_config):
+    (application,) = serve_config["applications"]
     app = build_app(application["args"])  # builds the deployment graph; loads no model
     assert app is not None
 
 
-def test_translators_take_at_least_a_full_batch_of_requests():
-    (application,) = SERVE_CONFIG["applications"]
+@each_serve_config
+def test_translators_take_at_least_a_full_batch_of_requests(serve_config):
+    (application,) = serve_config["applications"]
     for deployment in application["deployments"]:
         if deployment["name"].startswith("translator-"):
             assert deployment["max_ongoing_requests"] >= application["args"]["max_batch_size"]
             assert deployment["max_queued_requests"] > 0
 
 
-def test_the_serve_config_serves_on_port_8000():
-    assert SERVE_CONFIG["http_options"]["port"] == 8000
+@each_serve_config
+def test_the_serve_config_serves_on_port_8000(serve_config):
+    assert serve_config["http_options"]["port"] == 8000
 
 
-def test_the_rayservice_embeds_the_same_applications():
-    embedded = yaml.safe_load(RAY_SERVICE["spec"]["serveConfigV2"])
-    assert embedded["applications"] == SERVE_CONFIG["applications"]
-    assert embedded.get("proxy_location") == SERVE_CONFIG.get("proxy_location")
+@each_ray_service
+def test_the_rayservice_embeds_the_same_applications(ray_service, serve_config):
+    embedded = yaml.safe_load(ray_service["spec"]["serveConfigV2"])
+    assert embedded["applications"] == serve_config["applications"]
+    assert embedded.get("proxy_location") == serve_config.get("proxy_location")
 
 
-def test_the_rayservice_is_a_kuberay_rayservice():
-    assert RAY_SERVICE["apiVersion"] == "ray.io/v1" and RAY_SERVICE["kind"] == "RayService"
-    cluster = RAY_SERVICE["spec"]["rayClusterConfig"]
+@each_ray_service
+def test_the_rayservice_is_a_kuberay_rayservice(ray_service, serve_config):
+    assert ray_service["apiVersion"] == "ray.io/v1" and ray_service["kind"] == "RayService"
+    cluster = ray_service["spec"]["rayClusterConfig"]
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("attention-translate")
+
+
+def test_the_cpu_serve_config_asks_for_no_gpu_and_keeps_the_default_dtype():
+    assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(SERVE_CONFIG))
+    (application,) = SERVE_CONFIG["applications"]
+    assert all("dtype" not in model for model in application["args"]["models"])
+
+
+def without_gpu_settings(serve_config: dict) -> list[dict]:
+    """The config's applications less each model's dtype and each deployment's ray_actor_options.num_gpus."""
+    applications = copy.deepcopy(serve_config["applications"])
+    for application in applications:
+        for model in application["args"].get("models", []):
+            model.pop("dtype", None)
+        for deployment in application["deployments"]:
+            deployment.get("ray_actor_options", {}).pop("num_gpus", None)
+    return applications
+
+
+def test_the_gpu_serve_config_differs_from_serve_yaml_only_in_gpus_and_dtype():
+    assert without_gpu_settings(SERVE_GPU_CONFIG) == without_gpu_settings(SERVE_CONFIG)
+    assert {k: v for k, v in SERVE_GPU_CONFIG.items() if k != "applications"} == {
+        k: v for k, v in SERVE_CONFIG.items() if k != "applications"
+    }
+
+
+def test_the_drift_check_catches_a_changed_argument():
+    drifted = copy.deepcopy(SERVE_GPU_CONFIG)
+    drifted["applications"][0]["args"]["max_batch_size"] += 1
+    assert without_gpu_settings(drifted) != without_gpu_settings(SERVE_CONFIG)
+
+
+def test_the_gpu_serve_config_runs_every_model_in_half_precision():
+    (application,) = SERVE_GPU_CONFIG["applications"]
+    config = ServiceConfig.model_validate(application["args"])
+    assert [m.dtype for m in config.models] == ["float16"] * len(config.models)
+
+
+def test_the_gpu_translators_share_one_gpu():
+    """Each translator asks a GPU share and together they fit on one GPU: with num_gpus: 1 each, a one-GPU
+    machine would leave a replica pending forever and `serve run` would never become ready."""
+    shares = [d["ray_actor_options"]["num_gpus"] * d["num_replicas"] for d in translators(SERVE_GPU_CONFIG)]
+    assert len(shares) == 2
+    assert all(share > 0 for share in shares), shares
+    assert sum(shares) <= 1, shares
+
+
+def test_the_gpu_rayservice_has_a_gpu_worker_group():
+    cluster = RAY_SERVICE_GPU["spec"]["rayClusterConfig"]
+    gpu_groups = [
+        group
+        for group in cluster["workerGroupSpecs"]
+        if any("nvidia.com/gpu" in c["resources"].get("limits", {}) for c in group["template"]["spec"]["containers"])
+    ]
+    assert gpu_groups
+    for group in gpu_groups:
+        (container,) = group["template"]["spec"]["containers"]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert int(requests["nvidia.com/gpu"]) == int(limits["nvidia.com/gpu"]) >= 1
+        assert group["rayStartParams"]["num-gpus"] == str(limits["nvidia.com/gpu"])
+        assert container["image"] == "attention-translate:cuda"
+        tolerations = group["template"]["spec"]["tolerations"]
+        assert any(t["key"] == "nvidia.com/gpu" and t["effect"] == "NoSchedule" for t in tolerations)
+    # one GPU pod holds every translator's share
+    per_pod = min(int(g["rayStartParams"]["num-gpus"]) for g in gpu_groups)
+    assert sum(d["ray_actor_options"]["num_gpus"] * d["num_replicas"] for d in translators(SERVE_GPU_CONFIG)) <= per_pod
+
+
+def test_both_rayservices_upgrade_the_same_way():
+    assert RAY_SERVICE_GPU["spec"]["upgradeStrategy"] == RAY_SERVICE["spec"]["upgradeStrategy"]
 
 
 def test_the_dockerfile_passes_hadolint():
@@ -80,11 +173,22 @@ def test_every_path_the_dockerfile_copies_exists():
 
 
 def test_the_docker_image_runs_the_serve_config_as_a_non_root_user():
-    assert 'CMD ["serve", "run", "deploy/serve.yaml"]' in DOCKERFILE
+    assert DOCKERFILE.rstrip().splitlines()[-1] == 'CMD ["sh", "-c", "exec serve run \\"$SERVE_CONFIG\\""]'
     user = re.findall(r"^USER (\S+)", DOCKERFILE, flags=re.MULTILINE)
     assert user and user[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n?.*?/healthz", DOCKERFILE, flags=re.MULTILINE)
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", DOCKERFILE, flags=re.MULTILINE)
+
+
+def test_the_dockerfile_serves_serve_config_which_defaults_to_an_existing_file():
+    (default,) = re.findall(r"^ARG SERVE_CONFIG=(\S+)$", DOCKERFILE, flags=re.MULTILINE)
+    assert default == "deploy/serve.yaml" and (REPO / default).is_file()
+    assert re.search(r"^ENV SERVE_CONFIG=\$\{SERVE_CONFIG\}$", DOCKERFILE, flags=re.MULTILINE)
+    (cmd,) = re.findall(r"^CMD (.*)$", DOCKERFILE, flags=re.MULTILINE)
+    argv = json.loads(cmd)
+    assert argv[:2] == ["sh", "-c"] and shlex.split(argv[2]) == ["exec", "serve", "run", "$SERVE_CONFIG"]
+    # the GPU config the README's CUDA build passes as --build-arg SERVE_CONFIG is in the image too
+    assert (REPO / "deploy" / "serve-gpu.yaml").is_file() and "COPY deploy ./deploy" in DOCKERFILE
 
 
 def test_the_docker_build_context_leaves_out_training_runs():

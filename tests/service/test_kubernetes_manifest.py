@@ -1,9 +1,9 @@
-"""deploy/k8s/rayservice.yaml is a valid KubeRay RayService whose pods Kubernetes would accept.
+"""deploy/k8s/rayservice.yaml and rayservice-gpu.yaml are valid KubeRay RayServices whose pods Kubernetes would accept.
 
 Kubernetes' own OpenAPI schemas (the kubernetes-validate package, offline) check every pod template
 the RayService carries; the RayService fields KubeRay reads are checked here by hand, because its
 CRD schema ships with the operator, not with any package. test_deploy.py checks the serve config
-inside it against deploy/serve.yaml and lints the Dockerfile.
+inside each against deploy/serve.yaml or serve-gpu.yaml and lints the Dockerfile.
 """
 
 from pathlib import Path
@@ -13,9 +13,27 @@ import ray
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-RAY_SERVICE = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice.yaml").read_text())
-CLUSTER = RAY_SERVICE["spec"]["rayClusterConfig"]
-GROUPS = {"head": CLUSTER["headGroupSpec"], **{g["groupName"]: g for g in CLUSTER.get("workerGroupSpecs", [])}}
+MANIFESTS = {
+    name: yaml.safe_load((REPO / "deploy" / "k8s" / name).read_text())
+    for name in ("rayservice.yaml", "rayservice-gpu.yaml")
+}
+each_manifest = pytest.mark.parametrize("manifest", list(MANIFESTS))
+
+
+def cluster_of(manifest: str) -> dict:
+    return MANIFESTS[manifest]["spec"]["rayClusterConfig"]
+
+
+def groups_of(manifest: str) -> dict[str, dict]:
+    cluster = cluster_of(manifest)
+    return {"head": cluster["headGroupSpec"], **{g["groupName"]: g for g in cluster.get("workerGroupSpecs", [])}}
+
+
+# (manifest, group) for every pod group of every manifest
+MANIFEST_GROUPS = [(manifest, group) for manifest in MANIFESTS for group in groups_of(manifest)]
+each_group = pytest.mark.parametrize(
+    ("manifest", "group"), MANIFEST_GROUPS, ids=[f"{manifest}-{group}" for manifest, group in MANIFEST_GROUPS]
+)
 
 
 def validate_pod_template(name: str, template: dict) -> None:
@@ -25,9 +43,9 @@ def validate_pod_template(name: str, template: dict) -> None:
     kubernetes_validate.validate(resource, kubernetes_validate.latest_version(), strict=True)
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
-def test_each_pod_template_passes_the_kubernetes_schema(group):
-    validate_pod_template(f"attention-translate-{group}", GROUPS[group]["template"])
+@each_group
+def test_each_pod_template_passes_the_kubernetes_schema(manifest, group):
+    validate_pod_template(f"attention-translate-{group}", groups_of(manifest)[group]["template"])
 
 
 def test_the_schema_check_catches_a_misspelt_field():
@@ -36,32 +54,37 @@ def test_the_schema_check_catches_a_misspelt_field():
         validate_pod_template("broken", {"spec": {"containers": [container]}})
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
-def test_ray_start_params_are_strings_as_kuberay_requires(group):
-    params = GROUPS[group]["rayStartParams"]
+@each_group
+def test_ray_start_params_are_strings_as_kuberay_requires(manifest, group):
+    params = groups_of(manifest)[group]["rayStartParams"]
     assert all(isinstance(key, str) and isinstance(value, str) for key, value in params.items()), params
 
 
-def test_worker_group_replica_bounds_are_ordered():
-    for group in CLUSTER.get("workerGroupSpecs", []):
+@each_manifest
+def test_worker_group_replica_bounds_are_ordered(manifest):
+    for group in cluster_of(manifest).get("workerGroupSpecs", []):
         assert 0 <= group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], group["groupName"]
 
 
-def test_the_ray_version_is_the_one_the_service_is_tested_with():
-    assert CLUSTER["rayVersion"] == ray.__version__
+@each_manifest
+def test_the_ray_version_is_the_one_the_service_is_tested_with(manifest):
+    assert cluster_of(manifest)["rayVersion"] == ray.__version__
 
 
-def test_every_pod_exposes_the_serve_port_and_runs_as_non_root():
-    for name, group in GROUPS.items():
+@each_manifest
+def test_every_pod_exposes_the_serve_port_and_runs_as_non_root(manifest):
+    for name, group in groups_of(manifest).items():
         spec = group["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         ports = {port["containerPort"] for container in spec["containers"] for port in container.get("ports", [])}
         assert 8000 in ports, name
 
 
-def test_the_serve_config_is_an_embedded_yaml_string():
-    assert isinstance(RAY_SERVICE["spec"]["serveConfigV2"], str)
-    assert yaml.safe_load(RAY_SERVICE["spec"]["serveConfigV2"])["applications"]
+@each_manifest
+def test_the_serve_config_is_an_embedded_yaml_string(manifest):
+    ray_service = MANIFESTS[manifest]
+    assert isinstance(ray_service["spec"]["serveConfigV2"], str)
+    assert yaml.safe_load(ray_service["spec"]["serveConfigV2"])["applications"]
 
 
 # ---- the RayService itself, against KubeRay's CRD (deploy/k8s/kuberay-crd, vendored from kuberay v1.7.0) ----
@@ -93,26 +116,31 @@ def closed(schema: dict) -> dict:
 def rayservice_schema() -> dict:
     crd = yaml.safe_load(CRD.read_text())
     assert crd["spec"]["names"]["kind"] == "RayService"
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == RAY_SERVICE["apiVersion"].split("/")[1]]
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return closed(version["schema"]["openAPIV3Schema"])
 
 
-def test_the_manifest_is_a_valid_rayservice_of_kuberay_1_7(rayservice_schema):
+@each_manifest
+def test_the_manifest_is_a_valid_rayservice_of_kuberay_1_7(rayservice_schema, manifest):
     jsonschema = pytest.importorskip("jsonschema")
-    assert RAY_SERVICE["apiVersion"] == "ray.io/v1" and RAY_SERVICE["kind"] == "RayService"
-    errors = sorted(jsonschema.Draft7Validator(rayservice_schema).iter_errors(RAY_SERVICE), key=str)
+    ray_service = MANIFESTS[manifest]
+    assert ray_service["apiVersion"] == "ray.io/v1" and ray_service["kind"] == "RayService"
+    errors = sorted(jsonschema.Draft7Validator(rayservice_schema).iter_errors(ray_service), key=str)
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
 
 
-def test_the_schema_check_refuses_unknown_and_misspelt_fields(rayservice_schema):
+@each_manifest
+def test_the_schema_check_refuses_unknown_and_misspelt_fields(rayservice_schema, manifest):
     """The check can fail: a misspelt field and a wrong type are caught, where the API server would prune or refuse."""
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft7Validator(rayservice_schema)
-    misspelt = {**RAY_SERVICE, "spec": {**RAY_SERVICE["spec"], "upgradeStrategyy": {"type": "NewCluster"}}}
+    ray_service = MANIFESTS[manifest]
+    misspelt = {**ray_service, "spec": {**ray_service["spec"], "upgradeStrategyy": {"type": "NewCluster"}}}
     assert any("upgradeStrategyy" in e.message for e in validator.iter_errors(misspelt))
-    wrong_type = {**RAY_SERVICE, "spec": {**RAY_SERVICE["spec"], "serviceUnhealthySecondThreshold": "soon"}}
+    wrong_type = {**ray_service, "spec": {**ray_service["spec"], "serviceUnhealthySecondThreshold": "soon"}}
     assert list(validator.iter_errors(wrong_type))
 
 
-def test_the_upgrade_strategy_is_chosen(rayservice_schema):
-    assert RAY_SERVICE["spec"]["upgradeStrategy"]["type"] == "NewCluster"
+@each_manifest
+def test_the_upgrade_strategy_is_chosen(rayservice_schema, manifest):
+    assert MANIFESTS[manifest]["spec"]["upgradeStrategy"]["type"] == "NewCluster"

@@ -1,0 +1,122 @@
+"""What the search reads back from the device, and what attention it keeps.
+
+On a GPU every read of a device tensor on the host waits for the device. The search reads which
+inputs are done once every `check_every` steps (CHECK_EVERY_GPU on a GPU) and everything else
+once per batch; here, on the CPU, `check_every` is set by hand and the reads are counted with
+the search's own counter. Decoding with fewer checks must give the same output: finished rows
+only run a few extra steps whose tokens are cut off. bench/gpu_check.py counts the same reads
+on a real GPU, with torch's CUDA synchronisation debug mode as the independent counter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from model import Translator, search
+from model.alignment import alignment_matrix
+from model.explain import forced_decode
+from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
+
+SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=11)]
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory):
+    directory = make_model_dir(tmp_path_factory.mktemp("reads"), seed=7)
+    translator = Translator.from_pretrained(directory, device=DEVICE)
+    # A random model rarely says </s>: favour it so that inputs finish at different steps, some early.
+    translator.model.final_logits_bias[translator.config.eos_token_id] = 6.0
+    return translator
+
+
+def decode(translator, ids, beam_size, check_every, **extra):
+    before = search.host_reads
+    nbest = search.beam_search(
+        translator.model, ids, search.DecodingOptions(beam_size=beam_size, n_best=min(2, beam_size), **extra),
+        return_attention=True, check_every=check_every,
+    )
+    return nbest, search.host_reads - before
+
+
+def force_reads(monkeypatch):
+    """Count reads as if the tensors were on a device (on the CPU `_to_host` has nothing to copy)."""
+    if DEVICE != "cpu":
+        return
+    original = search._to_host
+
+    def counting(tensors):
+        search.host_reads += len({t.dtype for t in tensors if t is not None})
+        return original(tensors)
+
+    monkeypatch.setattr(search, "_to_host", counting)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("check_every", [2, 5, 8])
+def test_checking_for_finished_inputs_less_often_changes_nothing(translator, beam_size, check_every):
+    ids = translator.encode_source(SENTENCES[:10])
+    every_step, _ = decode(translator, ids, beam_size, 1)  # the default budgets differ with the source
+    lengths = {len(h[0].token_ids) for h in every_step}
+    assert len(lengths) > 3, "the inputs must finish at different steps"
+    sparse, _ = decode(translator, ids, beam_size, check_every)
+    for expected, got in zip(every_step, sparse, strict=True):
+        assert [h.token_ids for h in got] == [h.token_ids for h in expected]
+        for a, b in zip(got, expected, strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+            assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)
+            assert torch.allclose(a.cross_attention, b.cross_attention, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_reads_per_step_are_one_per_check_plus_a_few_per_batch(translator, beam_size, monkeypatch):
+    force_reads(monkeypatch)
+    ids = translator.encode_source(SENTENCES[:8])
+    # min_new_tokens keeps every input decoding for 30 steps, so the count is about the loop, not early exits
+    nbest, reads_every_step = decode(translator, ids, beam_size, 1, max_new_tokens=30, min_new_tokens=30)
+    steps = max(len(h[0].token_ids) for h in nbest)
+    assert steps == 30
+    per_batch = 3  # the final copies: one per dtype (ids, scores and attention, flags)
+    assert reads_every_step <= steps + per_batch
+    _, reads_every_8 = decode(translator, ids, beam_size, 8, max_new_tokens=30, min_new_tokens=30)
+    assert reads_every_8 <= math.ceil(steps / 8) + per_batch
+    assert reads_every_8 / steps <= 0.25
+
+
+def test_translate_captures_every_head_only_when_asked(translator):
+    texts = SENTENCES[:6]
+    plain = translator.translate(texts, beam_size=3)
+    full = translator.translate(texts, beam_size=3, return_attention=True)
+    layer, head = translator.alignment_head
+    for without, with_maps in zip(plain, full, strict=True):
+        assert without.cross_attention is None
+        assert with_maps.cross_attention is not None
+        assert without.target_ids == with_maps.target_ids
+        assert without.alignment == with_maps.alignment
+        assert without.word_alignment == with_maps.word_alignment
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_the_alignment_rows_kept_are_the_alignment_heads_rows(translator, beam_size):
+    ids = translator.encode_source(SENTENCES[:6])
+    full = translator.generate(ids, beam_size=beam_size, return_attention=True)
+    rows = translator.generate(ids, beam_size=beam_size, alignment_attention=True)
+    layer, head = translator.alignment_head
+    for a, b in zip(full, rows, strict=True):
+        assert b[0].cross_attention is None
+        expected = alignment_matrix(a[0].cross_attention, layer, head)
+        assert b[0].alignment_attention.shape == expected.shape
+        assert torch.allclose(b[0].alignment_attention, expected, atol=1e-6)
+
+
+def test_explanations_compute_the_encoder_maps_only_when_asked(translator):
+    (translation,) = translator.translate(SENTENCES[:1], min_new_tokens=5)
+    without = forced_decode(translator.model, translation.source_ids, translation.target_ids, encoder_attention=False)
+    with_maps = forced_decode(translator.model, translation.source_ids, translation.target_ids)
+    assert without.encoder_self_attention is None
+    assert with_maps.encoder_self_attention.shape[-1] == len(translation.source_ids)
+    assert torch.allclose(without.cross_attention, with_maps.cross_attention, atol=1e-5)  # SDPA vs explicit
+    explained = translator.explain(translation.source_ids, translation.target_ids)
+    assert explained.encoder_self_attention is None
