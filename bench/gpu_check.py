@@ -47,6 +47,7 @@ ENGINE_TESTS = [
     "tests/model/test_translator.py", "tests/model/test_explain.py", "tests/model/test_transformers_parity.py",
     "tests/model/test_pretrained.py", "tests/model/test_options.py",
 ]
+PER_BATCH_SYNCS = 6  # syncs a batch may make besides its checks: padding test, index uploads, the final copies
 COLUMNS = {"en-zh": 0, "zh-en": 1}  # source column of each shipped model in the dev TSV (English, Chinese)
 FALLBACK = {
     "en-zh": ["The cat sat on the mat.", "I would like a cup of tea, please.", "Where is the train station?",
@@ -196,10 +197,12 @@ def stage_reads(stages: Stages, device: str, data: Path) -> dict:
             name = f"{'greedy' if beam == 1 else 'beam 4'} B={batch}, check every {check_every}"
             out[name] = figure
             per_step = figure["syncs"] / figure["steps"]
-            target = "(≤ 0.25 per step)" if check_every > 1 else ""
+            # one per check, plus a few per batch: the padding test, the final copies (one per dtype)
+            allowed = figure["steps"] / check_every + PER_BATCH_SYNCS
             stages.row("reads", f"{name}: syncs per step", f"{per_step:.2f} ({figure['syncs']} in {figure['steps']} "
-                       f"steps; search reads {figure['reads']}; {figure['ms_per_step']:.2f} ms/step)", target,
-                       per_step <= 0.25 if check_every > 1 else None)
+                       f"steps; search reads {figure['reads']}; {figure['ms_per_step']:.2f} ms/step)",
+                       f"(≤ {allowed:.0f}: 1 per {check_every} steps + {PER_BATCH_SYNCS} per batch)",
+                       figure["syncs"] <= allowed)
     return out
 
 
@@ -218,7 +221,7 @@ def run_logged(stages: Stages, name: str, command: list[str], cap_s: float, env:
 
 def stage_engine(stages: Stages, device: str, data: Path, cap_s: float) -> dict:
     path = stages.output / f"engine-{device}.json"
-    command = [sys.executable, "-m", "bench.engine", "--device", device, "--sizes", "base", "--repeats", "2",
+    command = [sys.executable, "-m", "bench.engine", "--device", device, "--sizes", "base", "--repeats", "3",
                "--output", str(path)]
     if data.is_file():  # bench.engine's default is the training TSV beside the checkout; any en-zh TSV will do
         command += ["--data", str(data)]

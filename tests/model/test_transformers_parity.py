@@ -80,9 +80,11 @@ def test_encoder_outputs_and_logits_match(pair):
         expected = reference(
             input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_input, output_attentions=True
         )
-        encoder = translator.model.encode(input_ids, mask.bool())
-        hidden, cross = translator.model.decode(decoder_input, encoder, need_weights=True)
-        logits = translator.model.logits(hidden)
+        device = translator.device  # TRANSLATE_TEST_DEVICE; the reference stays on the CPU
+        encoder = translator.model.encode(input_ids.to(device), mask.bool().to(device))
+        hidden, cross = translator.model.decode(decoder_input.to(device), encoder, need_weights=True)
+        logits = translator.model.logits(hidden).cpu()
+        encoder.hidden, cross = encoder.hidden.cpu(), [c.cpu() for c in cross]
     real = mask.bool()
     assert torch.allclose(encoder.hidden[real], expected.encoder_last_hidden_state[real], atol=1e-4)
     assert torch.allclose(logits, expected.logits, atol=1e-4)

@@ -84,24 +84,20 @@ def test_the_rayservice_is_a_kuberay_rayservice(ray_service, serve_config):
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("attention-translate")
 
 
-def test_the_cpu_serve_config_asks_for_no_gpu_and_keeps_the_default_dtype():
+def test_the_cpu_serve_config_asks_for_no_gpu():
     assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(SERVE_CONFIG))
-    (application,) = SERVE_CONFIG["applications"]
-    assert all("dtype" not in model for model in application["args"]["models"])
 
 
 def without_gpu_settings(serve_config: dict) -> list[dict]:
-    """The config's applications less each model's dtype and each deployment's ray_actor_options.num_gpus."""
+    """The config's applications less each deployment's ray_actor_options.num_gpus."""
     applications = copy.deepcopy(serve_config["applications"])
     for application in applications:
-        for model in application["args"].get("models", []):
-            model.pop("dtype", None)
         for deployment in application["deployments"]:
             deployment.get("ray_actor_options", {}).pop("num_gpus", None)
     return applications
 
 
-def test_the_gpu_serve_config_differs_from_serve_yaml_only_in_gpus_and_dtype():
+def test_the_gpu_serve_config_differs_from_serve_yaml_only_in_gpus():
     assert without_gpu_settings(SERVE_GPU_CONFIG) == without_gpu_settings(SERVE_CONFIG)
     assert {k: v for k, v in SERVE_GPU_CONFIG.items() if k != "applications"} == {
         k: v for k, v in SERVE_CONFIG.items() if k != "applications"
@@ -114,10 +110,13 @@ def test_the_drift_check_catches_a_changed_argument():
     assert without_gpu_settings(drifted) != without_gpu_settings(SERVE_CONFIG)
 
 
-def test_the_gpu_serve_config_runs_every_model_in_half_precision():
-    (application,) = SERVE_GPU_CONFIG["applications"]
+@pytest.mark.parametrize("serve_config", [SERVE_CONFIG, SERVE_GPU_CONFIG], ids=["cpu", "gpu"])
+def test_the_shipped_models_are_served_in_float32(serve_config):
+    """float32 on the GPU too: there the shipped models' outputs equal the CPU's (bench/gpu_check.py measured
+    100% identical ids) and float16 was no faster on models this small (launch-bound), at 99.4-99.6%."""
+    (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
-    assert [m.dtype for m in config.models] == ["float16"] * len(config.models)
+    assert [m.dtype for m in config.models] == ["float32"] * len(config.models)
 
 
 def test_the_gpu_translators_share_one_gpu():
