@@ -2,7 +2,9 @@
 
     python -m bench.engine                    # full table (small and base models), writes bench/results/engine-cpu.json
     python -m bench.engine --quick            # tiny sizes, a few seconds: a smoke test
-    python -m bench.engine --device cuda      # the same on a GPU (fp16/bf16 instead of int8 for the fast modes)
+    python -m bench.engine --device cuda      # the same on a GPU: ours and transformers in fp32, bf16 and fp16,
+                                              # CTranslate2 float16/int8_float16 (its CUDA build needs CUDA 12's
+                                              # cuBLAS: pip install nvidia-cublas-cu12; torch from PyPI is CUDA 13)
 
 Each model is a random MarianMTModel written by transformers (`save_pretrained`) with real
 sentencepiece models trained on the English/Chinese data; CTranslate2 converts that same

