@@ -28,7 +28,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.search import NEG_INF, Hypothesis, _backtrack, _next_logprobs, _Step, default_max_new_tokens
+from model.search import NEG_INF, Hypothesis, _backtrack, _captured, _Step, default_max_new_tokens
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -45,6 +45,7 @@ class DecodeRequest:
     return_attention: bool = False
     on_token: TokenCallback | None = None
     budget: int = 0
+    alignment_rows: bool = False  # keep the scheduler's alignment head's rows (Hypothesis.alignment_attention)
     # search state (see model.search._beam, here for one input)
     step: int = 0
     running_scores: Tensor | None = None  # (1, k)
@@ -184,7 +185,13 @@ class Scheduler:
     behind them, beyond which `submit` raises DecoderBusyError.
     """
 
-    def __init__(self, model: Transformer, max_rows: int = 64, max_waiting: int = 1024) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        max_rows: int = 64,
+        max_waiting: int = 1024,
+        alignment_head: tuple[int, int | None] | None = None,
+    ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         self.model = model
@@ -192,6 +199,7 @@ class Scheduler:
         self.device = model.final_logits_bias.device
         self.max_rows = max_rows
         self.max_waiting = max_waiting
+        self.alignment_head = alignment_head  # (layer, head or None for the average) for `alignment_rows`
         self.cache = RaggedCache(model)
         self.running: list[DecodeRequest] = []  # in row order: request i owns the next `beams` rows
         self.waiting: deque[DecodeRequest] = deque()
@@ -204,6 +212,7 @@ class Scheduler:
         options: DecodingOptions | None = None,
         return_attention: bool = False,
         on_token: TokenCallback | None = None,
+        alignment_rows: bool = False,
     ) -> DecodeRequest:
         options = options or DecodingOptions()
         if options.beam_size > self.max_rows:
@@ -215,7 +224,9 @@ class Scheduler:
             budget = default_max_new_tokens(len(source_ids), limit)
         else:
             budget = min(options.max_new_tokens, limit)
-        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget)
+        if alignment_rows and self.alignment_head is None:
+            raise ValueError("alignment_rows needs the scheduler's alignment_head")
+        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows)
         self.waiting.append(request)
         return request
 
@@ -246,30 +257,39 @@ class Scheduler:
         self._admit()
         if not self.running:
             return []
-        attention_wanted = any(r.return_attention or r.on_token is not None for r in self.running)
-        logits, cross = decode_rows(self.model, self.last_tokens, self.cache, attention_wanted)
-        attention = torch.stack(cross, dim=1) if cross is not None else None  # (N, L, h, S)
+        full = any(r.return_attention or r.on_token is not None for r in self.running)
+        rows_only = any(r.alignment_rows and not r.return_attention for r in self.running)
+        logits, cross = decode_rows(self.model, self.last_tokens, self.cache, full or rows_only)
+        attention = torch.stack(cross, dim=1) if full else None  # (N, L, h, S)
+        alignment = _captured(cross, False, self.alignment_head) if rows_only else None  # (N, S)
 
+        # Requests of one beam size advance together: one set of tensor operations per beam size
+        # per step, whatever the number of requests (each one's arithmetic is still its own).
+        groups: dict[int, list[tuple[int, DecodeRequest]]] = {}
+        first = 0
+        for request in self.running:
+            groups.setdefault(request.beams, []).append((first, request))
+            first += request.beams
+        continuing: dict[int, tuple[Tensor, Tensor]] = {}  # id(request) → (its next rows, their tokens)
+        finished: list[DecodeRequest] = []
+        for k, members in groups.items():
+            outcome = self._advance_group(k, members, logits, attention, alignment)
+            for (_, request), rows_tokens in zip(members, outcome, strict=True):
+                if rows_tokens is None:
+                    finished.append(request)
+                else:
+                    continuing[id(request)] = rows_tokens
         keep_rows: list[Tensor] = []
         next_tokens: list[Tensor] = []
         still_running: list[DecodeRequest] = []
-        finished: list[DecodeRequest] = []
         first = 0
         for request in self.running:
-            k = request.beams
-            rows = slice(first, first + k)
-            source_length = len(request.source_ids)
-            request_attention = None
-            if attention is not None and (request.return_attention or request.on_token is not None):
-                request_attention = attention[rows, ..., :source_length]
-            chosen_rows, tokens = self._advance(request, logits[rows], request_attention)
-            if chosen_rows is None:
-                finished.append(request)
-            else:
-                keep_rows.append(chosen_rows + first)
+            if id(request) in continuing:
+                rows, tokens = continuing[id(request)]
+                keep_rows.append(rows + first)
                 next_tokens.append(tokens)
                 still_running.append(request)
-            first += k
+            first += request.beams
         self.running = still_running
         self._keep_rows(keep_rows, torch.cat(next_tokens) if next_tokens else self.last_tokens[:0])
         return finished
@@ -328,69 +348,113 @@ class Scheduler:
             request.finished_ref = torch.full((1, k), -1, dtype=torch.long, device=self.device)
         self.running.extend(joining)
 
-    def _advance(
-        self, request: DecodeRequest, logits: Tensor, attention: Tensor | None
-    ) -> tuple[Tensor | None, Tensor | None]:
-        """One step of `model.search._beam` for one input on its k rows of logits (k, V).
+    def _advance_group(
+        self,
+        k: int,
+        members: list[tuple[int, DecodeRequest]],
+        logits: Tensor,
+        attention: Tensor | None,
+        alignment: Tensor | None,
+    ) -> list[tuple[Tensor, Tensor] | None]:
+        """One step of `model.search._beam` for G requests of beam size k, each on its own k rows of logits.
 
-        Returns the rows (0..k-1) the next step continues and their tokens, or (None, None) when done.
+        The static search's step for a batch of G inputs, except that every input is at its own step
+        with its own length budget, minimum length and length penalty. Per request: the rows (0..k-1)
+        the next step continues and their tokens, or None when it is done.
         """
-        config, options = self.config, request.options
-        k, step, vocab = request.beams, request.step, logits.size(-1)
-        ending = request.budget <= step + 1
+        config, device = self.config, self.device
+        requests = [request for _, request in members]
+        count = len(requests)
+        rows = torch.cat([torch.arange(first, first + k) for first, _ in members]).to(device)  # (G·k,)
+        group_logits = logits.index_select(0, rows)
+        vocab = group_logits.size(-1)
+        steps = [request.step for request in requests]
+        ending = [request.budget <= step + 1 for request, step in zip(requests, steps, strict=True)]
+        banned = [step + 1 < request.options.min_new_tokens for request, step in zip(requests, steps, strict=True)]
         # the static search's constraints: pad banned, eos before min_new_tokens banned, eos forced at the budget
-        logprobs = _next_logprobs(logits, step, options.min_new_tokens, list(range(k)) if ending else [], config)
-        total = (logprobs.view(1, k, vocab) + request.running_scores[:, :, None]).view(1, k * vocab)
-        top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (1, 2k)
+        logprobs = torch.log_softmax(group_logits.float(), dim=-1)
+        logprobs[:, config.pad_token_id] = float("-inf")
+        if any(banned):
+            ban_rows = torch.tensor(banned, device=device).repeat_interleave(k)
+            logprobs[:, config.eos_token_id] = logprobs[:, config.eos_token_id].masked_fill(ban_rows, float("-inf"))
+        if any(ending):
+            end_rows = torch.tensor(ending, device=device).repeat_interleave(k)
+            logprobs[end_rows] = float("-inf")
+            logprobs[end_rows, config.eos_token_id] = 0.0
+        running_scores = torch.cat([request.running_scores for request in requests])  # (G, k)
+        total = (logprobs.view(count, k, vocab) + running_scores[:, :, None]).view(count, k * vocab)
+        top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (G, 2k)
         beam = top_index // vocab
         token = top_index % vocab
-        row = beam
-        token_logprob = logprobs[row, token]
-        hits = (token == config.eos_token_id) | ending
+        item_rows = torch.arange(count, device=device)[:, None]
+        token_logprob = logprobs[item_rows * k + beam, token]
+        hits = (token == config.eos_token_id) | torch.tensor(ending, device=device)[:, None]
         next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
 
-        first_k = torch.arange(2 * k, device=self.device) < k
-        eligible = hits & first_k & request.improvable & ~request.finished_done.all(dim=1, keepdim=True)
-        candidate = torch.where(
-            eligible, top_scores / float(step + 1) ** options.length_penalty, top_scores + 2 * NEG_INF
+        # length normalisation per request: the divisor is the static search's float(step + 1) ** penalty
+        penalties = [request.options.length_penalty for request in requests]
+        divisor = torch.tensor(
+            [[float(step + 1) ** penalty] for penalty, step in zip(penalties, steps, strict=True)], device=device
         )
-        refs = step * 2 * k + torch.arange(2 * k, device=self.device)
-        merged_scores = torch.cat([request.finished_scores, candidate], dim=1)
-        merged_done = torch.cat([request.finished_done, hits & first_k], dim=1)
-        merged_ref = torch.cat([request.finished_ref, refs[None, :]], dim=1)
-        request.finished_scores, keep = torch.topk(merged_scores, k, dim=1)
-        request.finished_done = merged_done.gather(1, keep)
-        request.finished_ref = merged_ref.gather(1, keep)
+        finished_scores = torch.cat([request.finished_scores for request in requests])
+        finished_done = torch.cat([request.finished_done for request in requests])
+        finished_ref = torch.cat([request.finished_ref for request in requests])
+        improvable = torch.tensor([request.improvable for request in requests], device=device)
+        first_k = torch.arange(2 * k, device=device) < k
+        eligible = hits & first_k & improvable[:, None] & ~finished_done.all(dim=1, keepdim=True)
+        candidate = torch.where(eligible, top_scores / divisor, top_scores + 2 * NEG_INF)
+        refs = torch.tensor(steps, device=device)[:, None] * 2 * k + torch.arange(2 * k, device=device)
+        merged_scores = torch.cat([finished_scores, candidate], dim=1)
+        merged_done = torch.cat([finished_done, hits & first_k], dim=1)
+        merged_ref = torch.cat([finished_ref, refs], dim=1)
+        finished_scores, keep = torch.topk(merged_scores, k, dim=1)
+        finished_done = merged_done.gather(1, keep)
+        finished_ref = merged_ref.gather(1, keep)
 
-        best_possible = next_scores[:, :1] / float(step + 1) ** options.length_penalty
-        worst_finished = torch.where(
-            request.finished_done, request.finished_scores.min(dim=1, keepdim=True).values, NEG_INF
-        )
-        request.improvable = request.improvable and bool((best_possible > worst_finished).any())
-        done = not request.improvable or bool(request.finished_done.all()) or bool(hits.all())
+        best_possible = next_scores[:, :1] / divisor
+        worst_finished = torch.where(finished_done, finished_scores.min(dim=1, keepdim=True).values, NEG_INF)
+        improvable = improvable & (best_possible > worst_finished).any(dim=1)
+        done = (~improvable | finished_done.all(dim=1) | hits.all(dim=1)).tolist()
 
-        request.steps.append(
-            _Step(
-                request.run_source_row, request.run_token, request.run_logprob,
-                row.cpu(), token.cpu(), token_logprob.cpu(),
-                attention.cpu() if attention is not None and request.return_attention else None,
-            )
-        )  # fmt: skip
-        request.step += 1
-        if request.on_token is not None and k == 1:
-            greedy = int(token[0, 0])
-            request.on_token(
-                request, greedy, float(token_logprob[0, 0]), attention[0].cpu() if attention is not None else None
-            )
-        if done:
-            request.hypotheses = self._hypotheses(request)
-            return None, None
-        new_rows = row.gather(1, chosen)[0]  # (k,)
-        tokens = token.gather(1, chosen)[0]
-        request.running_scores = next_scores
-        request.run_source_row, request.run_token = new_rows.cpu(), tokens.cpu()
-        request.run_logprob = token_logprob.gather(1, chosen)[0].cpu()
-        return new_rows, tokens
+        new_rows = beam.gather(1, chosen)  # (G, k)
+        tokens = token.gather(1, chosen)
+        new_logprobs = token_logprob.gather(1, chosen)
+        host = [t.cpu() for t in (beam, token, token_logprob, new_rows, tokens, new_logprobs)]
+        improvable_list = improvable.tolist()
+        outcome: list[tuple[Tensor, Tensor] | None] = []
+        for g, (first, request) in enumerate(members):
+            request_attention = kept = None
+            source_length = len(request.source_ids)
+            if attention is not None and (request.return_attention or request.on_token is not None):
+                request_attention = attention[first : first + k, ..., :source_length].cpu()  # (k, L, h, S)
+            if request.return_attention:
+                kept = request_attention
+            elif request.alignment_rows:
+                kept = alignment[first : first + k, :source_length].cpu()  # (k, S)
+            request.steps.append(
+                _Step(
+                    request.run_source_row, request.run_token, request.run_logprob,
+                    host[0][g : g + 1], host[1][g : g + 1], host[2][g : g + 1], kept,
+                )
+            )  # fmt: skip
+            request.step += 1
+            request.finished_scores = finished_scores[g : g + 1]
+            request.finished_done = finished_done[g : g + 1]
+            request.finished_ref = finished_ref[g : g + 1]
+            request.improvable = improvable_list[g]
+            if request.on_token is not None and k == 1:
+                request.on_token(
+                    request, int(host[1][g, 0]), float(host[2][g, 0]),
+                    request_attention[0] if request_attention is not None else None,
+                )  # fmt: skip
+            if done[g]:
+                request.hypotheses = self._hypotheses(request)
+                outcome.append(None)
+                continue
+            request.running_scores = next_scores[g : g + 1]
+            request.run_source_row, request.run_token, request.run_logprob = host[3][g], host[4][g], host[5][g]
+            outcome.append((new_rows[g], tokens[g]))
+        return outcome
 
     def _hypotheses(self, request: DecodeRequest) -> list[Hypothesis]:
         k = request.beams
@@ -400,9 +464,12 @@ class Scheduler:
         for slot in range(k):
             if not bool(finished[slot]) or len(hypotheses) == request.options.n_best:
                 continue
-            hypotheses.append(
-                _backtrack(request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), len(request.source_ids))
-            )
+            source_length = len(request.source_ids)
+            hypothesis = _backtrack(request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), source_length)
+            if request.alignment_rows and not request.return_attention:
+                hypothesis.alignment_attention = hypothesis.cross_attention.float()  # (T, S) rows, see `_captured`
+                hypothesis.cross_attention = None
+            hypotheses.append(hypothesis)
         request.steps = []  # the back-pointers are no longer needed
         return hypotheses
 
@@ -415,8 +482,14 @@ class DecodeLoop:
     running then fail with RuntimeError rather than waiting forever.
     """
 
-    def __init__(self, model: Transformer, max_rows: int = 64, max_waiting: int = 1024) -> None:
-        self.scheduler = Scheduler(model, max_rows=max_rows, max_waiting=max_waiting)
+    def __init__(
+        self,
+        model: Transformer,
+        max_rows: int = 64,
+        max_waiting: int = 1024,
+        alignment_head: tuple[int, int | None] | None = None,
+    ) -> None:
+        self.scheduler = Scheduler(model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head)
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Condition()
         self._futures: dict[int, tuple[DecodeRequest, Future]] = {}
@@ -430,6 +503,7 @@ class DecodeLoop:
         options: DecodingOptions | None = None,
         return_attention: bool = False,
         on_token: TokenCallback | None = None,
+        alignment_rows: bool = False,
     ) -> Future:
         """Queue one source; the Future gives its hypotheses (best first). Raises DecoderBusyError when full."""
         future: Future = Future()
@@ -438,7 +512,9 @@ class DecodeLoop:
                 raise RuntimeError("the decode loop is closed")
             if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
-            self._inbox.append(("submit", (list(source_ids), options, return_attention, on_token, future)))
+            self._inbox.append(
+                ("submit", (list(source_ids), options, return_attention, on_token, alignment_rows, future))
+            )
             self._wake.notify()
         return future
 
@@ -465,11 +541,11 @@ class DecodeLoop:
                 inbox, self._inbox = list(self._inbox), deque()
             for kind, payload in inbox:
                 if kind == "submit":
-                    source_ids, options, return_attention, on_token, future = payload
+                    source_ids, options, return_attention, on_token, alignment_rows, future = payload
                     if not future.set_running_or_notify_cancel():
                         continue
                     try:
-                        request = scheduler.submit(source_ids, options, return_attention, on_token)
+                        request = scheduler.submit(source_ids, options, return_attention, on_token, alignment_rows)
                     except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
                         future.set_exception(error)
                         continue

@@ -339,7 +339,9 @@ class Translator:
         """Start the continuous-batching loop `submit` feeds (model.scheduler.DecodeLoop): texts join
         and leave the running decode at every step, each decoded as if alone."""
         if self._loop is None:
-            self._loop = DecodeLoop(self.model, max_rows=max_rows, max_waiting=max_waiting)
+            self._loop = DecodeLoop(
+                self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head
+            )
 
     @property
     def decoder_rows(self) -> int:
@@ -374,7 +376,7 @@ class Translator:
             return result
         if on_token is not None:
             on_token = self._streamed(on_token)
-        decoding = self._loop.submit(source_ids, options, True, on_token)
+        decoding = self._loop.submit(source_ids, options, return_attention, on_token, alignment_rows=True)
         result.decoding = decoding  # for cancel()
 
         def built(finished: Future) -> None:

@@ -170,3 +170,22 @@ def test_the_queue_is_bounded():
         scheduler.submit([3, EOS], greedy)
     with pytest.raises(ValueError):
         scheduler.submit([3, EOS], DecodingOptions(beam_size=4))
+
+
+@pytest.mark.parametrize("head", [1, None], ids=["one head", "layer average"])
+def test_alignment_rows_are_the_alignment_heads_rows_of_the_full_maps(head):
+    model = random_model(6)
+    scheduler = Scheduler(model, alignment_head=(1, head))
+    rng = random.Random(6)
+    submitted = []
+    for _, source, options in random_requests(rng, 8):
+        submitted.append((scheduler.submit(source, options, alignment_rows=True), source, options))
+    scheduler.run()
+    for request, source, options in submitted:
+        alone = beam_search(model, [source], options, return_attention=True)[0]
+        for got, expected in zip(request.hypotheses, alone, strict=True):
+            assert got.token_ids == expected.token_ids
+            assert got.cross_attention is None
+            maps = expected.cross_attention[1]
+            rows = maps.mean(dim=0) if head is None else maps[head]
+            torch.testing.assert_close(got.alignment_attention, rows, atol=1e-5, rtol=0)
