@@ -93,6 +93,8 @@ class RaggedCache:
         self.self_mask: Tensor | None = None  # (rows, 1, 1, t) additive, set by `prepare`
         self.positions = torch.zeros(0, dtype=torch.long, device=model.final_logits_bias.device)
         self.width = 0  # positions written by the furthest row + 1, after `prepare`
+        self.spare_key: list[Tensor] = []  # second self-attention buffers `keep` copies into
+        self.spare_value: list[Tensor] = []
 
     @property
     def rows(self) -> int:
@@ -134,10 +136,25 @@ class RaggedCache:
                 self.self_value.append(empty.clone())
         self.positions = torch.cat([self.positions, self.positions.new_zeros(added)])
 
-    def keep(self, index: Tensor) -> None:
-        """Row r becomes old row index[r] (beam reordering; rows of finished requests leave)."""
+    def keep(self, index: Tensor, same_sources: bool = False) -> None:
+        """Row r becomes old row index[r] (beam reordering; rows of finished requests leave).
+
+        same_sources: every row keeps a row of its own request (no request left), so the cross-attention
+        K/V, the source mask and the positions stay as they are and only the written self-attention
+        positions are copied, into spare buffers (nothing allocated per step).
+        """
         if index.numel() == 0:
             self.clear()
+            return
+        filled = int(self.width) if same_sources else 0
+        if same_sources and filled and index.numel() == self.rows:
+            for buffers, spares in ((self.self_key, self.spare_key), (self.self_value, self.spare_value)):
+                for i, buffer in enumerate(buffers):
+                    if len(spares) <= i or spares[i].shape != buffer.shape:
+                        # zeros: a position no row has written must hold finite numbers (masked, weight 0)
+                        spares[i:] = [torch.zeros_like(b) for b in buffers[i:]]
+                    torch.index_select(buffer[:, :, :filled], 0, index, out=spares[i][:, :, :filled])
+                    buffers[i], spares[i] = spares[i], buffer
             return
         for buffers in (self.self_key, self.self_value, self.cross_key, self.cross_value):
             for i, buffer in enumerate(buffers):
@@ -291,12 +308,14 @@ class Scheduler:
                 still_running.append(request)
             first += request.beams
         self.running = still_running
-        self._keep_rows(keep_rows, torch.cat(next_tokens) if next_tokens else self.last_tokens[:0])
+        tokens = torch.cat(next_tokens) if next_tokens else self.last_tokens[:0]
+        self._keep_rows(keep_rows, tokens, same_sources=not finished)
         return finished
 
-    def _keep_rows(self, parts: list[Tensor], last_tokens: Tensor) -> None:
+    def _keep_rows(self, parts: list[Tensor], last_tokens: Tensor, same_sources: bool = False) -> None:
         """The rows the next step continues (old row numbers, in order; none empties the cache) and their inputs."""
-        self.cache.keep(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.device))
+        index = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.device)
+        self.cache.keep(index, same_sources)
         self.last_tokens = last_tokens
 
     def _drop_cancelled(self) -> None:
