@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response, StreamingResponse
 
@@ -112,16 +112,14 @@ class Ingress:
         self.specs: dict[str, ModelSpec] = {spec.id: spec for spec in self.config.models}
         self.translators = translators
         # One coalescer per model: concurrent translate requests share translator calls (service/coalescing.py).
-        continuous = self.config.scheduler == "continuous"
         self.coalescers = {
             model: Coalescer(
-                partial(self._stream_translations if continuous else self._send_translations, model),
+                partial(self._send_translations, model),
                 size=lambda call: len(call.texts),
-                max_calls=self.config.coalesce_max_calls,
+                # continuous decoding takes every request at once: holding calls back would make a short
+                # request wait behind a long one, which is what the scheduler exists to prevent
+                max_calls=0 if self.config.scheduler == "continuous" else self.config.coalesce_max_calls,
                 max_items=self.config.max_batch_size,
-                # continuous decoding: each request of a call comes back as soon as it is decoded, and the
-                # call slot frees once the replica took the call, so a short request never waits for a long one
-                streamed=continuous,
             )
             for model in translators
         }
@@ -171,10 +169,6 @@ class Ingress:
     def _send_translations(self, model: str, requests: list) -> DeploymentResponse:
         self.metrics.call_requests.labels(model).observe(len(requests))
         return self.translators[model].translate.remote(requests)
-
-    def _stream_translations(self, model: str, requests: list) -> DeploymentResponseGenerator:
-        self.metrics.call_requests.labels(model).observe(len(requests))
-        return self.translators[model].options(stream=True).translate_each.remote(requests)
 
     async def model_infos(self) -> list[dict]:
         if self._info is None or time.monotonic() - self._info_at > INFO_CACHE_S:

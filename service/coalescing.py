@@ -13,12 +13,6 @@ With max_calls=2 one call decodes while the next is queued at the replica, so th
 engine never waits for the ingress. Each request in a call succeeds or fails on its own
 (the callee returns one outcome per request); a request whose caller gave up is dropped
 before sending, and a sent call is cancelled only once all of its requests were given up.
-
-Streamed calls (`streamed=True`, the continuous scheduler): the call is an async stream whose first
-item is ACCEPTED (the replica holds every request of the call) and then one (index, outcome) per
-request as it finishes, so a short request in a call returns at once instead of waiting for the
-longest one. Its call slot frees at ACCEPTED: requests then wait at the ingress only while a
-call travels to the replica, which is when requests arriving together can share one.
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ from typing import Any, Generic, Protocol, TypeVar
 from service.batching import deliver
 
 Request = TypeVar("Request")
-ACCEPTED = "accepted"  # a streamed call's first item: the callee has taken every request of the call
 
 
 class Call(Protocol):
@@ -64,7 +57,6 @@ class Coalescer(Generic[Request]):
         size: Callable[[Request], int],
         max_calls: int = 2,
         max_items: int = 16,
-        streamed: bool = False,
     ) -> None:
         if max_calls < 0 or max_items < 1:
             raise ValueError("max_calls must be at least 0 (0: no limit) and max_items at least 1")
@@ -72,7 +64,6 @@ class Coalescer(Generic[Request]):
         self.size = size
         self.max_calls = max_calls
         self.max_items = max_items
-        self.streamed = streamed
         self.outstanding = 0
         self._waiting: deque[_Waiting[Request]] = deque()
         self._waiting_items = 0
@@ -130,8 +121,7 @@ class Coalescer(Generic[Request]):
 
         for waiting in group:
             waiting.future.add_done_callback(given_up)
-        finish = self._finish_streamed if self.streamed else self._finish
-        task = asyncio.get_running_loop().create_task(finish(call, group))
+        task = asyncio.get_running_loop().create_task(self._finish(call, group))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -141,43 +131,3 @@ class Coalescer(Generic[Request]):
         finally:
             self.outstanding -= 1
             self._dispatch()
-
-    async def _finish_streamed(self, call: Any, group: list[_Waiting[Request]]) -> None:
-        """Resolve each request's future as its outcome streams in; free the call slot at ACCEPTED."""
-        pending = {index: waiting.future for index, waiting in enumerate(group)}
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.outstanding -= 1
-                self._dispatch()
-
-        failure: Exception | None = None
-        try:
-            async for item in call:
-                if isinstance(item, str) and item == ACCEPTED:
-                    release()
-                    continue
-                index, outcome = item
-                future = pending.pop(index, None)
-                if future is None or future.done():
-                    continue
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
-        except asyncio.CancelledError:
-            for future in pending.values():
-                future.cancel()
-            raise
-        except Exception as error:  # noqa: BLE001 - e.g. the replica died: its requests learn why
-            failure = error
-        finally:
-            release()
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(
-                    failure or RuntimeError(f"a streamed call of {len(group)} requests ended without this outcome")
-                )

@@ -20,7 +20,6 @@ from ray import serve
 
 from model import DecodingOptions, InputTooLongError, StreamedToken, Translator, TranslatorError
 from service.batching import BatchQueue
-from service.coalescing import ACCEPTED
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.metrics import replica_identity, service_metrics
@@ -132,33 +131,13 @@ class TranslatorDeployment:
         One outcome per request: its translations, or why it was refused. A request's failure
         never touches the others in the call.
         """
-        return list(await asyncio.gather(*(self._outcome(request) for request in requests)))
-
-    async def translate_each(self, requests: list[TranslateCall]) -> AsyncIterator[str | tuple[int, Any]]:
-        """The ingress's streamed call (continuous scheduler): ACCEPTED once every request's texts joined the
-        decode loop, then (index, outcome) per request as soon as it finishes, outcomes as `translate` gives
-        them. Closing the stream early (every caller gave up) cancels the requests still decoding."""
-        tasks = {asyncio.ensure_future(self._outcome(request)): index for index, request in enumerate(requests)}
-        pending = set(tasks)
-        try:
-            await asyncio.sleep(0)  # let each request reach the decode loop (submission is synchronous)
-            yield ACCEPTED
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    yield tasks[task], task.result()
-        finally:
-            for task in pending:
-                task.cancel()
-
-    async def _outcome(self, request: TranslateCall) -> list[dict] | Rejected:
-        """One request's outcome as `translate` returns it: its translations, or why it was refused."""
-        try:
-            return await self._translate(request)
-        except Exception as error:  # noqa: BLE001 - delivered to the caller as a Rejected
-            if not isinstance(error, REFUSALS):
-                logger.error("translation request failed", exc_info=error)
-            return Rejected(error)
+        outcomes = await asyncio.gather(*(self._translate(request) for request in requests), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancellation or shutdown: not one request's fault
+            if isinstance(outcome, Exception) and not isinstance(outcome, REFUSALS):
+                logger.error("translation request failed", exc_info=outcome)
+        return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 
     async def _translate(self, call: TranslateCall) -> list[dict]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from service.coalescing import ACCEPTED, Coalescer
+from service.coalescing import Coalescer
 
 
 class Call:
@@ -215,109 +215,3 @@ def test_limits_are_validated():
         Coalescer(Translator().send, size=len, max_calls=-1)
     with pytest.raises(ValueError):
         Coalescer(Translator().send, size=len, max_items=0)
-
-
-# ---- streamed calls (the continuous scheduler) ------------------------------------------------------
-
-
-class StreamedCall:
-    """A streamed call: items pushed by the test (ACCEPTED, then (index, outcome)), cancellable like
-    Ray Serve's DeploymentResponseGenerator."""
-
-    def __init__(self, requests: list) -> None:
-        self.requests = requests
-        self.items: asyncio.Queue = asyncio.Queue()
-        self.cancelled = asyncio.Event()
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        item = await self.items.get()
-        if item is StopAsyncIteration:
-            raise StopAsyncIteration
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def accept(self) -> None:
-        self.items.put_nowait(ACCEPTED)
-
-    def finish(self, index: int) -> None:
-        """Request `index` comes back with its texts upper-cased."""
-        self.items.put_nowait((index, [t.upper() for t in self.requests[index]]))
-
-
-class StreamingTranslator(Translator):
-    def send(self, requests: list) -> StreamedCall:
-        self.calls.append(StreamedCall(list(requests)))
-        self._new_call.set()
-        return self.calls[-1]
-
-
-def streamed(translator: Translator, max_calls: int = 1) -> Coalescer:
-    return Coalescer(translator.send, size=len, max_calls=max_calls, max_items=16, streamed=True)
-
-
-def test_a_streamed_call_returns_each_request_as_it_finishes():
-    async def scenario():
-        translator = StreamingTranslator()
-        coalesce = streamed(translator)
-        first = await submitted(coalesce, ["long"])
-        short = [await submitted(coalesce, [text]) for text in ("a", "b")]  # wait: the only slot is out
-        (call,) = translator.calls
-        call.accept()  # the replica took "long": its slot frees, the waiting two leave together
-        second = (await translator.sent(2))[1]
-        assert second.requests == [["a"], ["b"]]
-        second.accept()
-        second.finish(1)
-        assert await short[1] == ["B"]  # back before "a" and "long", which are still decoding
-        assert not first.done() and not short[0].done()
-        second.finish(0)
-        call.finish(0)
-        assert await short[0] == ["A"] and await first == ["LONG"]
-
-    run(scenario())
-
-
-def test_a_streamed_call_that_breaks_fails_only_the_requests_not_yet_answered():
-    async def scenario():
-        translator = StreamingTranslator()
-        coalesce = streamed(translator, max_calls=0)
-        tasks = [await submitted(coalesce, [text]) for text in ("a",)]
-        (call,) = translator.calls
-        assert call.requests == [["a"]]
-        call.accept()
-        call.items.put_nowait(RuntimeError("replica died"))
-        with pytest.raises(RuntimeError, match="replica died"):
-            await tasks[0]
-
-        both = await submitted(coalesce, ["b"])
-        second = (await translator.sent(2))[1]
-        second.accept()
-        second.finish(0)
-        assert await both == ["B"]
-        ended = await submitted(coalesce, ["c"])
-        third = (await translator.sent(3))[2]
-        third.items.put_nowait(StopAsyncIteration)  # ended without this request's outcome, nor ACCEPTED
-        with pytest.raises(RuntimeError, match="without this outcome"):
-            await ended
-        assert coalesce.outstanding == 0
-
-    run(scenario())
-
-
-def test_a_streamed_call_everyone_gave_up_is_cancelled():
-    async def scenario():
-        translator = StreamingTranslator()
-        coalesce = streamed(translator)
-        gone = await submitted(coalesce, ["gone"])
-        (call,) = translator.calls
-        call.accept()
-        gone.cancel()
-        await call.cancelled.wait()
-
-    run(scenario())
