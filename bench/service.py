@@ -337,6 +337,7 @@ def run_benchmark(
         "model": model_path(config),
         "beam_size": args.beam_size,
         "coalesce_max_calls": config["applications"][0]["args"].get("coalesce_max_calls"),
+        "scheduler": config["applications"][0]["args"].get("scheduler"),
         "rows": rows,
         "checks": checks,
     }
@@ -409,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--coalesce-max-calls", type=int, help="override the app's coalesce_max_calls (0: no coalescing at the ingress)"
     )
+    parser.add_argument("--scheduler", choices=["static", "continuous"], help="override the app's args.scheduler")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--deadline-s", type=float, default=300.0, help="stop issuing a row's requests after this")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="TSV whose first column is English")
@@ -425,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.model:
             model_paths["en-zh"] = args.model
         config = bench_config(free_port(), model_paths, args.coalesce_max_calls)
+        if args.scheduler:
+            config["applications"][0]["args"]["scheduler"] = args.scheduler
         if args.url:
             report = run_benchmark(args, args.url.rstrip("/"), args.noop_url, config)
         else:

@@ -23,7 +23,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from model.errors import DecoderBusyError
@@ -33,6 +32,7 @@ from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
 # called for greedy requests after every step (streaming); beams are only known at the end.
+ADMISSION_WAIT_STEPS = 4  # the longest a waiting request is held back to join with others (see _admission_due)
 TokenCallback = Callable[["DecodeRequest", int, float, Tensor | None], None]
 
 
@@ -59,6 +59,7 @@ class DecodeRequest:
     run_logprob: Tensor | None = None
     hypotheses: list[Hypothesis] | None = None
     cancelled: bool = False
+    waited: int = 0  # steps spent in the queue
 
     @property
     def beams(self) -> int:
@@ -72,109 +73,162 @@ class DecodeRequest:
 class RaggedCache:
     """Decoder K/V for rows at different positions, over sources of different lengths.
 
-    Self-attention K/V: (rows, h, capacity, d_k) per layer, zero where nothing was written, row r's
-    next position `positions[r]`; `self_mask` hides every position a row has not reached. Cross-
-    attention K/V: (rows, h, S, d_k) with S the longest source in the cache, `source_mask` hiding
-    each row's padding. The mask value is the dtype's lowest: a hidden position's weight is exactly 0.
+    Storage is preallocated and grows (doubling) only when rows, source length or decoding budget
+    outgrow it, so joining and leaving copy nothing but the rows that move:
+    self-attention K/V (row capacity, h, position capacity, d_k) per layer, row r's next position
+    `positions[r]`, `self_mask` hiding every position a row has not reached; cross-attention K/V
+    (row capacity, h, source capacity, d_k), `source_mask` hiding each row's padding. The first
+    `rows` rows are in use; `prepare` exposes them as views (`cross_key`, `cross_value`,
+    `source_mask`, `positions`) cut to the longest source in use. The mask value is the dtype's
+    lowest: a hidden position's weight is exactly 0, and what it hides is always a finite number
+    (zeros, or K/V a row left behind), never garbage.
     """
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
+        self.device = model.final_logits_bias.device
         self.clear()
 
     def clear(self) -> None:
-        """No rows."""
-        model = self.model
-        self.self_key: list[Tensor] = []
-        self.self_value: list[Tensor] = []
-        self.cross_key: list[Tensor] = []
-        self.cross_value: list[Tensor] = []
-        self.source_mask: Tensor | None = None  # (rows, 1, 1, S) additive
-        self.self_mask: Tensor | None = None  # (rows, 1, 1, t) additive, set by `prepare`
-        self.positions = torch.zeros(0, dtype=torch.long, device=model.final_logits_bias.device)
+        """No rows (storage is kept)."""
+        self._rows = 0
+        self._lengths: list[int] = []  # per row in use: its source length (host)
+        if not hasattr(self, "_self_key"):
+            self._self_key: list[Tensor] = []
+            self._self_value: list[Tensor] = []
+            self._cross_key: list[Tensor] = []
+            self._cross_value: list[Tensor] = []
+            self._spare: dict[str, list[Tensor]] = {}
+            self._source_mask: Tensor | None = None  # (R, 1, 1, S_cap) additive
+            self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.self_mask: Tensor | None = None  # (rows, 1, 1, width) additive, set by `prepare`
         self.width = 0  # positions written by the furthest row + 1, after `prepare`
-        self.spare_key: list[Tensor] = []  # second self-attention buffers `keep` copies into
-        self.spare_value: list[Tensor] = []
+        self._views()
 
     @property
     def rows(self) -> int:
-        return int(self.positions.numel())
+        return self._rows
 
-    def join(self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int) -> None:
-        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S')) at position 0."""
-        lowest = torch.finfo(cross_keys[0].dtype).min
-        added = cross_keys[0].size(0)
-        existing = bool(self.cross_key)
-        width = max(self.cross_key[0].size(2) if self.cross_key else 0, cross_keys[0].size(2))
-        capacity = max(capacity, self.self_key[0].size(2) if self.self_key else 0)
+    def _views(self) -> None:
+        """The rows in use, cut to the longest source among them: what a decoding step reads."""
+        rows, source = self._rows, max(self._lengths, default=0)
+        self.cross_key = [b[:rows, :, :source] for b in self._cross_key]
+        self.cross_value = [b[:rows, :, :source] for b in self._cross_value]
+        self.source_mask = self._source_mask[:rows, :, :, :source] if self._source_mask is not None else None
+        self.positions = self._positions[:rows]
 
-        def widen(tensor: Tensor, size: int, dim: int) -> Tensor:
-            return F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, size - tensor.size(dim)])
+    def _grow(self, rows: int, source: int, capacity: int, dtype: torch.dtype, heads: int, d_k: int) -> None:
+        """Make room for `rows` rows, sources of `source` tokens and `capacity` positions (copying what is kept)."""
+        have_rows = self._positions.numel()
+        have_source = self._cross_key[0].size(2) if self._cross_key else 0
+        have_capacity = self._self_key[0].size(2) if self._self_key else 0
+        if rows <= have_rows and source <= have_source and capacity <= have_capacity:
+            return
+        new_rows = max(rows, 2 * have_rows, 8)
+        new_source = max(source, have_source)
+        new_capacity = max(capacity, have_capacity)
+        layers = len(self.model.decoder_layers)
+        used = self._rows
 
-        new_mask = torch.zeros(added, 1, 1, width, dtype=cross_keys[0].dtype, device=source_mask.device)
-        new_mask[:, 0, 0, : source_mask.size(1)].masked_fill_(~source_mask, lowest)
-        new_mask[:, 0, 0, source_mask.size(1) :] = lowest
-        if existing:
-            old_mask = widen(self.source_mask, width, 3)
-            old_mask[..., self.source_mask.size(3) :] = lowest
-            self.source_mask = torch.cat([old_mask, new_mask])
-        else:
-            self.source_mask = new_mask
+        def moved(old: list[Tensor], width: int, length: int) -> list[Tensor]:
+            fresh = []
+            for i in range(layers):
+                buffer = torch.zeros(new_rows, heads, width, d_k, dtype=dtype, device=self.device)
+                if old:
+                    buffer[:used, :, :length] = old[i][:used, :, :length]
+                fresh.append(buffer)
+            return fresh
+
+        self._self_key = moved(self._self_key, new_capacity, have_capacity)
+        self._self_value = moved(self._self_value, new_capacity, have_capacity)
+        self._cross_key = moved(self._cross_key, new_source, have_source)
+        self._cross_value = moved(self._cross_value, new_source, have_source)
+        mask = torch.full((new_rows, 1, 1, new_source), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        if self._source_mask is not None:
+            mask[:used, :, :, :have_source] = self._source_mask[:used]
+        self._source_mask = mask
+        positions = torch.zeros(new_rows, dtype=torch.long, device=self.device)
+        positions[:used] = self._positions[:used]
+        self._positions = positions
+        self._spare = {}  # spares follow the storage's shapes
+
+    def join(
+        self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
+        lengths: list[int],
+    ) -> None:
+        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0."""
+        added, heads, source, d_k = cross_keys[0].shape
+        self._grow(self._rows + added, source, capacity, cross_keys[0].dtype, heads, d_k)
+        new = slice(self._rows, self._rows + added)
         for i, (key, value) in enumerate(zip(cross_keys, cross_values, strict=True)):
-            key, value = widen(key, width, 2), widen(value, width, 2)
-            heads, d_k = key.size(1), key.size(3)
-            empty = key.new_zeros(added, heads, capacity, d_k)
-            if existing:
-                self.cross_key[i] = torch.cat([widen(self.cross_key[i], width, 2), key])
-                self.cross_value[i] = torch.cat([widen(self.cross_value[i], width, 2), value])
-                self.self_key[i] = torch.cat([widen(self.self_key[i], capacity, 2), empty])
-                self.self_value[i] = torch.cat([widen(self.self_value[i], capacity, 2), empty.clone()])
-            else:
-                self.cross_key.append(key.contiguous())
-                self.cross_value.append(value.contiguous())
-                self.self_key.append(empty)
-                self.self_value.append(empty.clone())
-        self.positions = torch.cat([self.positions, self.positions.new_zeros(added)])
+            self._cross_key[i][new, :, :source] = key
+            self._cross_value[i][new, :, :source] = value
+        lowest = torch.finfo(self._source_mask.dtype).min
+        self._source_mask[new] = lowest
+        hidden = torch.zeros_like(source_mask, dtype=self._source_mask.dtype).masked_fill_(~source_mask, lowest)
+        self._source_mask[new, 0, 0, :source] = hidden
+        self._positions[new] = 0
+        self._rows += added
+        self._lengths.extend(lengths)
+        self._views()
+
+    def _spares(self, name: str, buffers: list[Tensor]) -> list[Tensor]:
+        spares = self._spare.get(name)
+        if spares is None:
+            # zeros: a position no row has written must hold finite numbers (masked, weight 0)
+            spares = self._spare[name] = [torch.zeros_like(b) for b in buffers]
+        return spares
+
+    def _gather(self, name: str, buffers: list[Tensor], index: Tensor, length: int) -> None:
+        """buffers[i][:m, :, :length] = buffers[i][index, :, :length], through a spare (nothing allocated)."""
+        rows = index.numel()
+        spares = self._spares(name, buffers)
+        for i, buffer in enumerate(buffers):
+            torch.index_select(buffer[: self._rows, :, :length], 0, index, out=spares[i][:rows, :, :length])
+            buffers[i], spares[i] = spares[i], buffer
 
     def keep(self, index: Tensor, same_sources: bool = False) -> None:
         """Row r becomes old row index[r] (beam reordering; rows of finished requests leave).
 
         same_sources: every row keeps a row of its own request (no request left), so the cross-attention
-        K/V, the source mask and the positions stay as they are and only the written self-attention
-        positions are copied, into spare buffers (nothing allocated per step).
+        K/V, the source mask and the positions stay as they are and only self-attention K/V move.
         """
         if index.numel() == 0:
             self.clear()
             return
-        filled = int(self.width) if same_sources else 0
-        if same_sources and filled and index.numel() == self.rows:
-            for buffers, spares in ((self.self_key, self.spare_key), (self.self_value, self.spare_value)):
-                for i, buffer in enumerate(buffers):
-                    if len(spares) <= i or spares[i].shape != buffer.shape:
-                        # zeros: a position no row has written must hold finite numbers (masked, weight 0)
-                        spares[i:] = [torch.zeros_like(b) for b in buffers[i:]]
-                    torch.index_select(buffer[:, :, :filled], 0, index, out=spares[i][:, :, :filled])
-                    buffers[i], spares[i] = spares[i], buffer
-            return
-        for buffers in (self.self_key, self.self_value, self.cross_key, self.cross_value):
-            for i, buffer in enumerate(buffers):
-                buffers[i] = buffer.index_select(0, index)
-        self.source_mask = self.source_mask.index_select(0, index)
-        self.positions = self.positions.index_select(0, index)
+        written = self.width
+        self._gather("self_key", self._self_key, index, written)
+        self._gather("self_value", self._self_value, index, written)
+        if not (same_sources and index.numel() == self._rows):
+            source = max(self._lengths)
+            self._gather("cross_key", self._cross_key, index, source)
+            self._gather("cross_value", self._cross_value, index, source)
+            kept = index.numel()
+            self._source_mask[:kept] = self._source_mask[: self._rows].index_select(0, index)
+            self._positions[:kept] = self._positions[: self._rows].index_select(0, index)
+            order = index.tolist()
+            self._lengths = [self._lengths[r] for r in order]
+            self._rows = kept
+        self._views()
 
     def prepare(self) -> None:
         """Before a step: the self-attention mask for positions 0..max(positions)."""
         self.width = int(self.positions.max()) + 1
-        reached = torch.arange(self.width, device=self.positions.device)[None, :] <= self.positions[:, None]
-        mask = torch.zeros(reached.shape, dtype=self.cross_key[0].dtype, device=reached.device)
+        reached = torch.arange(self.width, device=self.device)[None, :] <= self.positions[:, None]
+        mask = torch.zeros(reached.shape, dtype=self._source_mask.dtype, device=self.device)
         self.self_mask = mask.masked_fill_(~reached, torch.finfo(mask.dtype).min)[:, None, None, :]
+
+    def advance(self) -> None:
+        """After a step: every row moves one position on."""
+        self._positions[: self._rows] += 1
 
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step's K/V (rows, h, 1, d_k) at each row's own position; return K/V up to `width`."""
         rows = torch.arange(key.size(0), device=key.device)
-        self.self_key[layer][rows, :, self.positions] = key[:, :, 0]
-        self.self_value[layer][rows, :, self.positions] = value[:, :, 0]
-        return self.self_key[layer][:, :, : self.width], self.self_value[layer][:, :, : self.width]
+        self._self_key[layer][rows, :, self.positions] = key[:, :, 0]
+        self._self_value[layer][rows, :, self.positions] = value[:, :, 0]
+        rows, width = self._rows, self.width
+        return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
 @torch.inference_mode()
@@ -190,7 +244,7 @@ def decode_rows(
         x, weights = layer.step(x, cache, i, need_weights)  # the static search's step, on ragged rows
         if need_weights:
             cross_attention.append(weights[:, :, 0])
-    cache.positions = cache.positions + 1
+    cache.advance()
     return model.logits(x[:, 0]), cross_attention
 
 
@@ -330,8 +384,24 @@ class Scheduler:
         self.running = kept
         self._keep_rows(index, self.last_tokens.index_select(0, torch.cat(index)) if index else self.last_tokens[:0])
 
+    def _admission_due(self) -> bool:
+        """Whether waiting requests join at this step. An encoder pass for one or two sources costs
+        several times its share of one for many, so while the batch is nearly full they join in
+        groups: when a quarter of the rows are free, when all that wait fit, or when the oldest has
+        waited ADMISSION_WAIT_STEPS steps. With rows to spare a request joins at the next step."""
+        if not self.waiting:
+            return False
+        free = self.max_rows - self.cache.rows
+        if free * 4 >= self.max_rows or sum(r.beams for r in self.waiting) <= free:
+            return True
+        return self.waiting[0].waited >= ADMISSION_WAIT_STEPS
+
     def _admit(self) -> None:
         """Move waiting requests into the batch while their rows fit: one encoder pass for all of them."""
+        for request in self.waiting:
+            request.waited += 1
+        if not self._admission_due():
+            return
         joining: list[DecodeRequest] = []
         rows = self.cache.rows
         while self.waiting and rows + self.waiting[0].beams <= self.max_rows:
@@ -355,7 +425,10 @@ class Scheduler:
             key, value = layer.encoder_attn.project_key_value(hidden)
             keys.append(key)
             values.append(value)
-        self.cache.join(keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining))
+        row_lengths = [length for request, length in zip(joining, lengths, strict=True) for _ in range(request.beams)]
+        self.cache.join(
+            keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining), row_lengths
+        )
         start = torch.full((int(repeat.sum()),), self.config.decoder_start_token_id, device=self.device)
         self.last_tokens = torch.cat([self.last_tokens, start])
         for request in joining:
