@@ -9,7 +9,7 @@
 #     --build-arg SERVE_CONFIG=deploy/serve-gpu.yaml .
 #   docker run --gpus all -p 8000:8000 attention-translate:cuda
 # The host needs an NVIDIA driver for CUDA 13 (580 or later) and the NVIDIA container toolkit.
-# deploy/serve-gpu.yaml shares one GPU between both translators (num_gpus: 0.5 each).
+# deploy/serve-gpu.yaml shares one GPU between the translators (two replicas per model, num_gpus: 0.25 each).
 #
 # The same image runs in KubeRay (deploy/k8s/rayservice.yaml; the CUDA one in deploy/k8s/rayservice-gpu.yaml),
 # which replaces the command with `ray start`.

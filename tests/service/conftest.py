@@ -64,6 +64,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     ingress, en_zh, zh_en = (_deployment(template, n) for n in ("Ingress", "translator-en-zh", "translator-zh-en"))
     ingress.update(num_replicas=2)
     en_zh.update(num_replicas=2)
+    zh_en.update(num_replicas=1)  # the tests' topology, whatever deploy/serve.yaml's default
     for deployment in (en_zh, zh_en):
         deployment["ray_actor_options"] = {"num_cpus": 0.1}
     main["deployments"] = [ingress, en_zh, zh_en]
@@ -81,7 +82,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         metrics_dir=str(metrics_root / "guarded"),
     )
     guarded_translator = _deployment(template, "translator-en-zh")
-    guarded_translator["ray_actor_options"] = {"num_cpus": 0.1}
+    guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
     guarded["deployments"] = [_deployment(template, "Ingress"), guarded_translator]
     config["applications"] = [main, guarded]
     return config
