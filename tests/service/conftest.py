@@ -36,6 +36,9 @@ STARTUP_ATTEMPTS = 3
 API_KEYS = ("test-key-one", "test-key-two")
 ALLOWED_ORIGIN = "https://viewer.example"
 GUARDED_PREFIX = "/guarded"
+# The scheduler every test service runs (args.scheduler): static, deploy/serve.yaml's default, unless
+# TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
+TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
 
 
 def _free_port() -> int:
@@ -61,6 +64,8 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         {"id": "zh-en", "path": str(models["zh-en"]), "source_lang": "zh", "target_lang": "en"},
     ]
     main["args"].update(max_batch_size=16, batch_wait_timeout_s=0.05, metrics_dir=str(metrics_root / "translate"))
+    if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
+        main["args"]["scheduler"] = TEST_SCHEDULER
     ingress, en_zh, zh_en = (_deployment(template, n) for n in ("Ingress", "translator-en-zh", "translator-zh-en"))
     ingress.update(num_replicas=2)
     en_zh.update(num_replicas=2)
