@@ -39,6 +39,9 @@ GUARDED_PREFIX = "/guarded"
 # The scheduler every test service runs (args.scheduler): static, deploy/serve.yaml's default, unless
 # TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
 TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
+CONTINUOUS = TEST_SCHEDULER == "continuous"
+# Tests of the static batcher's own behaviour (batches, coalesced calls, their metrics).
+static_batcher_only = pytest.mark.skipif(CONTINUOUS, reason="the static batcher's behaviour; continuous has no batches")
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import serve_config_for_tests, serve_started
+from tests.service.conftest import CONTINUOUS, serve_config_for_tests, serve_started
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
 
@@ -499,7 +499,8 @@ def start_translation(page, model: dict, text: str, beam_size: int = 1, n_best: 
 
 
 def test_a_greedy_translation_goes_through_the_stream_and_shows_what_the_api_answers(page, api, model):
-    """Beam size 1 asks /v1/translate/stream; this service's static scheduler sends start and result only."""
+    """Beam size 1 asks /v1/translate/stream; the static scheduler sends start and result only, the
+    continuous one (TRANSLATE_TEST_SCHEDULER=continuous) every token too."""
     text = SENTENCES.get(model["source_lang"], SENTENCES["en"])
     expected = greedy_translation(api, model, text)
     posted: list[str] = []
@@ -511,8 +512,11 @@ def test_a_greedy_translation_goes_through_the_stream_and_shows_what_the_api_ans
     assert posted == ["translate/stream"]
     assert page.text_content("#translation-text") == expected["text"]
     assert explanation_id == expected["explanation_id"]
-    # No token events came: nothing claims the text was streamed.
-    assert page.get_attribute("#translation-text", "data-streamed-tokens") is None
+    streamed = page.get_attribute("#translation-text", "data-streamed-tokens")
+    if CONTINUOUS:  # TRANSLATE_TEST_SCHEDULER=continuous: every token came as it was decoded
+        assert streamed is not None and int(streamed) == len(expected["target_tokens"])
+    else:  # no token events came: nothing claims the text was streamed
+        assert streamed is None
     assert page.locator("#status[data-kind=ok]").count() == 1
 
 
