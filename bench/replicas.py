@@ -63,13 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-requests", type=int, default=400)
     parser.add_argument("--batch-requests", type=int, default=40)
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument(
+        "--serve-env", action="append", default=[], metavar="NAME=VALUE",
+        help="environment for `serve run` (Ray Serve's own switches, e.g. RAY_SERVE_ENABLE_HA_PROXY=1); repeatable",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "replicas-cpu.json")
     args = parser.parse_args(argv)
+    serve_env = dict(item.split("=", 1) for item in args.serve_env)
+    os.environ.update(serve_env)  # serve_running passes this process's environment to `serve run`
     sentences = read_sentences(args.data, 1000)
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.replicas", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "beam_size": args.beam_size,
+        "serve_env": serve_env,
         "layouts": {},
     }
     for name in args.layouts:
