@@ -19,6 +19,10 @@ FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 
+# Ray Serve's high-throughput mode (HAProxy ingress, direct gRPC between replicas): README "Running the service".
+ENV RAY_SERVE_ENABLE_HA_PROXY=1 \
+    RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

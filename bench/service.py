@@ -49,7 +49,13 @@ if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
 from tests.loadgen import run_load, translate_bodies  # noqa: E402
-from tests.processes import command_line, free_port, session_pids, stop_process_group  # noqa: E402
+from tests.processes import (  # noqa: E402
+    command_line,
+    free_port,
+    serve_mode_environment,
+    session_pids,
+    stop_process_group,
+)
 
 logger = logging.getLogger("bench.service")
 
@@ -126,6 +132,7 @@ def serve_environment() -> dict[str, str]:
         "RAY_ADDRESS": "local",
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p),
+        **serve_mode_environment(),
     }
 
 

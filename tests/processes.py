@@ -20,6 +20,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Ray Serve's high-throughput mode: the HAProxy ingress and direct gRPC between replicas (README "Running the
+# service"). The tests and benchmarks run Serve the way the README does; TRANSLATE_TEST_SERVE_MODE=python runs
+# Serve's Python proxy instead.
+HIGH_THROUGHPUT_MODE = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+def serve_mode_environment() -> dict[str, str]:
+    """Environment for one `serve run`: the Serve mode, and free ports for what HAProxy mode binds on fixed
+    ones by default (its metrics and stats frontends, the fallback proxy), so that several test or
+    benchmark clusters can run on one machine."""
+    if os.environ.get("TRANSLATE_TEST_SERVE_MODE", "high-throughput") == "python":
+        return {}
+    ports = {
+        name: str(free_port())
+        for name in (
+            "RAY_SERVE_HAPROXY_METRICS_PORT",
+            "RAY_SERVE_HAPROXY_STATS_PORT",
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+        )
+    }
+    return {**HIGH_THROUGHPUT_MODE, **ports}
+
+
 def session_pids(session_id: int) -> list[int]:
     """PIDs of the processes in an OS session (a process started with start_new_session leads one)."""
     pids = []

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.processes import serve_mode_environment
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,6 +186,7 @@ def _serve_environment() -> dict[str, str]:
         "RAY_ADDRESS": "local",  # a fresh local cluster, never one another process started
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **serve_mode_environment(),
     }
 
 
