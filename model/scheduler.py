@@ -27,7 +27,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.search import NEG_INF, Hypothesis, _backtrack, _captured, _Step, default_max_new_tokens
+from model.search import NEG_INF, Hypothesis, _backtrack, _captured, _next_logprobs, _Step, length_budget
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -78,29 +78,28 @@ class RaggedCache:
     self-attention K/V (row capacity, h, position capacity, d_k) per layer, row r's next position
     `positions[r]`, `self_mask` hiding every position a row has not reached; cross-attention K/V
     (row capacity, h, source capacity, d_k), `source_mask` hiding each row's padding. The first
-    `rows` rows are in use; `prepare` exposes them as views (`cross_key`, `cross_value`,
-    `source_mask`, `positions`) cut to the longest source in use. The mask value is the dtype's
-    lowest: a hidden position's weight is exactly 0, and what it hides is always a finite number
-    (zeros, or K/V a row left behind), never garbage.
+    `rows` rows are in use, exposed as views (`cross_key`, `cross_value`, `source_mask`,
+    `positions`) cut to the longest source in use; `prepare` sets `self_mask` before each step.
+    The mask value is the dtype's lowest: a hidden position's weight is exactly 0, and what it hides
+    is always a finite number (zeros, or K/V a row left behind), never garbage.
     """
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.device = model.final_logits_bias.device
+        self._self_key: list[Tensor] = []  # storage, allocated by `_grow`
+        self._self_value: list[Tensor] = []
+        self._cross_key: list[Tensor] = []
+        self._cross_value: list[Tensor] = []
+        self._spare: dict[str, list[Tensor]] = {}
+        self._source_mask: Tensor | None = None  # (R, 1, 1, S_cap) additive
+        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
         self.clear()
 
     def clear(self) -> None:
         """No rows (storage is kept)."""
         self._rows = 0
         self._lengths: list[int] = []  # per row in use: its source length (host)
-        if not hasattr(self, "_self_key"):
-            self._self_key: list[Tensor] = []
-            self._self_value: list[Tensor] = []
-            self._cross_key: list[Tensor] = []
-            self._cross_value: list[Tensor] = []
-            self._spare: dict[str, list[Tensor]] = {}
-            self._source_mask: Tensor | None = None  # (R, 1, 1, S_cap) additive
-            self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
         self.self_mask: Tensor | None = None  # (rows, 1, 1, width) additive, set by `prepare`
         self.width = 0  # positions written by the furthest row + 1, after `prepare`
         self._views()
@@ -231,6 +230,11 @@ class RaggedCache:
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
+def _rows_of(flags: list[bool], k: int) -> list[int]:
+    """The rows (k per request, in order) of the requests whose flag is set."""
+    return [g * k + j for g, flag in enumerate(flags) if flag for j in range(k)]
+
+
 @torch.inference_mode()
 def decode_rows(
     model: Transformer, last_ids: Tensor, cache: RaggedCache, need_weights: bool
@@ -290,11 +294,7 @@ class Scheduler:
             raise ValueError(f"beam_size {options.beam_size} exceeds the scheduler's {self.max_rows} rows")
         if len(self.waiting) >= self.max_waiting:
             raise DecoderBusyError(f"{len(self.waiting)} requests already wait for the decoder")
-        limit = self.config.max_position_embeddings
-        if options.max_new_tokens is None:
-            budget = default_max_new_tokens(len(source_ids), limit)
-        else:
-            budget = min(options.max_new_tokens, limit)
+        budget = length_budget(len(source_ids), options, self.config.max_position_embeddings)
         if alignment_rows and self.alignment_head is None:
             raise ValueError("alignment_rows needs the scheduler's alignment_head")
         request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows)
@@ -463,16 +463,8 @@ class Scheduler:
         steps = [request.step for request in requests]
         ending = [request.budget <= step + 1 for request, step in zip(requests, steps, strict=True)]
         banned = [step + 1 < request.options.min_new_tokens for request, step in zip(requests, steps, strict=True)]
-        # the static search's constraints: pad banned, eos before min_new_tokens banned, eos forced at the budget
-        logprobs = torch.log_softmax(group_logits.float(), dim=-1)
-        logprobs[:, config.pad_token_id] = float("-inf")
-        if any(banned):
-            ban_rows = torch.tensor(banned, device=device).repeat_interleave(k)
-            logprobs[:, config.eos_token_id] = logprobs[:, config.eos_token_id].masked_fill(ban_rows, float("-inf"))
-        if any(ending):
-            end_rows = torch.tensor(ending, device=device).repeat_interleave(k)
-            logprobs[end_rows] = float("-inf")
-            logprobs[end_rows, config.eos_token_id] = 0.0
+        # the static search's constraints, each request's rows under its own step, minimum length and budget
+        logprobs = _next_logprobs(group_logits, _rows_of(banned, k), _rows_of(ending, k), config)
         running_scores = torch.cat([request.running_scores for request in requests])  # (G, k)
         total = (logprobs.view(count, k, vocab) + running_scores[:, :, None]).view(count, k * vocab)
         top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (G, 2k)
@@ -557,11 +549,12 @@ class Scheduler:
             if not bool(finished[slot]) or len(hypotheses) == request.options.n_best:
                 continue
             source_length = len(request.source_ids)
-            hypothesis = _backtrack(request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), source_length)
-            if request.alignment_rows and not request.return_attention:
-                hypothesis.alignment_attention = hypothesis.cross_attention.float()  # (T, S) rows, see `_captured`
-                hypothesis.cross_attention = None
-            hypotheses.append(hypothesis)
+            hypotheses.append(
+                _backtrack(
+                    request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), source_length,
+                    request.return_attention,
+                )
+            )  # fmt: skip
         request.steps = []  # the back-pointers are no longer needed
         return hypotheses
 

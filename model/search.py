@@ -84,6 +84,13 @@ def default_max_new_tokens(source_length: int, limit: int) -> int:
     return max(1, min(limit, 2 * source_length + 10))
 
 
+def length_budget(source_length: int, options: DecodingOptions, limit: int) -> int:
+    """New tokens a source may get: options.max_new_tokens, else the default budget; within `limit` positions."""
+    if options.max_new_tokens is None:
+        return default_max_new_tokens(source_length, limit)
+    return min(options.max_new_tokens, limit)
+
+
 @dataclass
 class _Step:
     """What one decoding step leaves behind for back-tracking (all on CPU unless noted)."""
@@ -131,11 +138,7 @@ def beam_search(
     device = model.final_logits_bias.device
     batch = len(source_ids)
     lengths = [len(ids) for ids in source_ids]
-    limit = config.max_position_embeddings
-    if options.max_new_tokens is None:
-        budgets = [default_max_new_tokens(n, limit) for n in lengths]
-    else:
-        budgets = [min(options.max_new_tokens, limit)] * batch
+    budgets = [length_budget(n, options, config.max_position_embeddings) for n in lengths]
 
     # Encoder once for the whole batch, right-padded.
     width = max(lengths)
@@ -174,21 +177,32 @@ class _Capture:
         return None, rows[..., :source_length].float().contiguous()
 
 
-def _next_logprobs(logits: Tensor, step: int, min_new_tokens: int, ending: list[int], config) -> Tensor:
+def _next_logprobs(logits: Tensor, banned: list[int], ending: list[int], config) -> Tensor:
     """Log-probabilities (N, V) of the next token, with the constraints transformers applies.
 
-    Normalised over the full vocabulary, then pad is banned; eos is banned before
-    min_new_tokens; rows in `ending` reach their budget and are forced to eos (log-prob 0).
+    Normalised over the full vocabulary, then pad is banned; rows in `banned` have not reached
+    min_new_tokens and may not end (eos banned); rows in `ending` reach their budget and are
+    forced to eos (log-prob 0).
     """
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     logprobs[:, config.pad_token_id] = float("-inf")
-    if step + 1 < min_new_tokens:
-        logprobs[:, config.eos_token_id] = float("-inf")
+    if banned:
+        logprobs[_rows(banned, logprobs.size(0)), config.eos_token_id] = float("-inf")
     if ending:
-        rows = ending if len(ending) < logprobs.size(0) else slice(None)
+        rows = _rows(ending, logprobs.size(0))
         logprobs[rows] = float("-inf")
         logprobs[rows, config.eos_token_id] = 0.0
     return logprobs
+
+
+def _rows(rows: list[int], count: int) -> list[int] | slice:
+    """Row indices as an index: a slice when they are all `count` rows (in order)."""
+    return rows if len(rows) < count else slice(None)
+
+
+def _too_early(step: int, min_new_tokens: int, rows: int) -> list[int]:
+    """The rows whose eos is banned at `step`: all of them before min_new_tokens, else none."""
+    return list(range(rows)) if step + 1 < min_new_tokens else []
 
 
 def _greedy(
@@ -223,7 +237,7 @@ def _greedy(
     for step in range(width):
         logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
         ending = [row for row, index in enumerate(active) if budgets[index] <= step + 1]
-        logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
+        logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         best_logprob, best = logprobs.max(dim=-1)  # (N,)
         out_tokens[rows_of, step] = best
         out_logprobs[rows_of, step] = best_logprob
@@ -315,7 +329,7 @@ def _beam(
         items = len(active)
         logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
         ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
-        logprobs = _next_logprobs(logits, step, min_new_tokens, ending, config)
+        logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         total = (logprobs.view(items, k, vocab) + running_scores[:, :, None]).view(items, k * vocab)
         top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (A, 2k)
         beam = top_index // vocab
@@ -380,11 +394,11 @@ def _beam(
         for slot in range(k):
             if not bool(finished[slot]) or len(hypotheses) == num_return_sequences:
                 continue
-            hypothesis = _backtrack(steps, int(refs[slot]), ref_stride, k, float(scores[slot]), lengths[index])
-            if not capture.full and hypothesis.cross_attention is not None:
-                hypothesis.alignment_attention = hypothesis.cross_attention.float()
-                hypothesis.cross_attention = None
-            hypotheses.append(hypothesis)
+            hypotheses.append(
+                _backtrack(
+                    steps, int(refs[slot]), ref_stride, k, float(scores[slot]), lengths[index], capture.full
+                )
+            )
         output.append(hypotheses)
     return output
 
@@ -399,9 +413,10 @@ def _steps_to_host(steps: list[_Step], extra: list[Tensor]) -> tuple[list[_Step]
 
 
 def _backtrack(
-    steps: list[_Step], ref: int, ref_stride: int, k: int, normalized: float, source_length: int
+    steps: list[_Step], ref: int, ref_stride: int, k: int, normalized: float, source_length: int, full: bool
 ) -> Hypothesis:
-    """Rebuild one finished hypothesis from its reference (step, input slot, candidate)."""
+    """Rebuild one finished hypothesis from its reference (step, input slot, candidate). The steps kept
+    every layer's and head's attention (`full`) or the alignment head's rows (see `_captured`)."""
     step, rest = divmod(ref, ref_stride)
     item, candidate = divmod(rest, 2 * k)
     record = steps[step]
@@ -419,8 +434,12 @@ def _backtrack(
             attention.append(steps[step].attention[row])
     tokens.reverse()
     logprobs.reverse()
-    cross_attention = None
+    cross_attention = alignment_attention = None
     if attention is not None:
         attention.reverse()
-        cross_attention = torch.stack(attention, dim=-2)[..., :source_length].contiguous()  # (L, h, T, S) or (T, S)
-    return Hypothesis(tokens, sum(logprobs), logprobs, cross_attention, normalized)
+        stacked = torch.stack(attention, dim=-2)[..., :source_length].contiguous()  # (L, h, T, S) or (T, S)
+        if full:
+            cross_attention = stacked
+        else:
+            alignment_attention = stacked.float()
+    return Hypothesis(tokens, sum(logprobs), logprobs, cross_attention, normalized, alignment_attention)

@@ -398,13 +398,9 @@ class Translator:
         return result
 
     def _streamed(self, on_token: Callable[[StreamedToken], None]) -> TokenCallback:
-        layer, head = self.alignment_head
-
         def streamed(request, token_id: int, logprob: float, attention: Tensor | None) -> None:
-            row = None
-            if attention is not None:
-                maps = attention[layer].float()  # (heads, S)
-                row = (maps.mean(dim=0) if head is None else maps[head]).tolist()
+            # attention (layers, heads, S): one step's maps; the alignment head's row is read as for a whole output
+            row = alignment_matrix(attention, *self.alignment_head).tolist() if attention is not None else None
             piece = self.tokenizer.target_tokens([token_id])[0]
             on_token(StreamedToken(request.step - 1, token_id, piece, logprob, row))
 
