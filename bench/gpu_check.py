@@ -219,6 +219,15 @@ def run_logged(stages: Stages, name: str, command: list[str], cap_s: float, env:
             return None
 
 
+def run_report(stages: Stages, name: str, command: list[str], cap_s: float, path: Path) -> dict | None:
+    """Run a benchmark that writes a JSON report to `path`; the report, or None (with the log's end as a row)."""
+    run_logged(stages, name, command, cap_s)
+    if not path.is_file():
+        stages.row(name, "no report", (stages.output / f"{name}.log").read_text()[-400:], ok=False)
+        return None
+    return json.loads(path.read_text())
+
+
 def stage_engine(stages: Stages, device: str, data: Path, cap_s: float) -> dict:
     path = stages.output / f"engine-{device}.json"
     command = [sys.executable, "-m", "bench.engine", "--device", device, "--sizes", "base", "--repeats", "3",
@@ -227,11 +236,9 @@ def stage_engine(stages: Stages, device: str, data: Path, cap_s: float) -> dict:
         command += ["--data", str(data)]
     if device == "cuda":
         command += ["--engines", "ours", "transformers", "ct2"]
-    run_logged(stages, "engine", command, cap_s)
-    if not path.is_file():
-        stages.row("engine", "no report", (stages.output / "engine.log").read_text()[-400:], ok=False)
+    report = run_report(stages, "engine", command, cap_s, path)
+    if report is None:
         return {}
-    report = json.loads(path.read_text())
     for key, ratios in report["ratios"].items():
         for name, value in ratios.items():
             target, ok = "", None
@@ -253,11 +260,9 @@ def stage_fidelity(stages: Stages, device: str, data: Path, cap_s: float) -> dic
         command += ["--dev", str(data)]
     else:
         command += ["--limit", "50"]
-    run_logged(stages, "fidelity", command, cap_s)
-    if not path.is_file():
-        stages.row("fidelity", "no report", (stages.output / "fidelity.log").read_text()[-400:], ok=False)
+    report = run_report(stages, "fidelity", command, cap_s, path)
+    if report is None:
         return {}
-    report = json.loads(path.read_text())
     for model, entry in report["models"].items():
         if not isinstance(entry, dict):
             continue
@@ -285,31 +290,21 @@ def gpu_serve_config(port: int, device: str) -> dict:
     return config
 
 
-def engine_tokens_per_s(model: str, texts: list[str], device: str, dtype: str, beam: int) -> dict:
-    translator = Translator.from_pretrained(model, device=device, dtype=dtype)
-    batches = batched(texts, 16)
-    translator.translate(batches[0], beam_size=beam)
-    started = time.perf_counter()
-    tokens = sum(len(t.target_ids) for batch in batches for t in translator.translate(batch, beam_size=beam))
-    wall = time.perf_counter() - started
-    del translator
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return {"texts_per_s": len(texts) / wall, "tokens_per_s": tokens / wall}
-
-
 def stage_serve(stages: Stages, device: str, data: Path, port: int) -> dict:
     import httpx
     import yaml
 
-    from bench.service import wait_ready
+    from bench.service import engine_reference, wait_ready
     from tests.loadgen import run_load, translate_bodies
     from tests.processes import stop_process_group
 
     config = gpu_serve_config(port, device)
     dtype = config["applications"][0]["args"]["models"][0].get("dtype", "float32")
     texts = sentences(data, "en-zh", 256)
-    engine = engine_tokens_per_s("en-zh", texts, device, dtype, beam=4)
+    # the raw engine as bench.service measures it (its batch_tokens_vs_engine check), here on `device`
+    engine = engine_reference(
+        "en-zh", texts, 16, 4, torch.get_num_threads(), 60.0, "engine B=16", device=device, dtype=dtype
+    )
     stages.row("serve", f"raw engine, 16-text batches, beam 4, {dtype}", f"{engine['tokens_per_s']:.0f} tokens/s")
 
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-serve-"))

@@ -70,7 +70,15 @@ TARGETS = {"single_text_vs_noop": 0.6, "batch_tokens_vs_engine": 0.7}
 
 
 def engine_reference(
-    model_path: str, sentences: list[str], batch_size: int, beam_size: int, threads: int, budget_s: float, name: str
+    model_path: str,
+    sentences: list[str],
+    batch_size: int,
+    beam_size: int,
+    threads: int,
+    budget_s: float,
+    name: str,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """model.Translator in this process on the same sentences, in batches of batch_size, for about budget_s."""
     import torch
@@ -78,7 +86,7 @@ def engine_reference(
     from model import Translator
 
     torch.set_num_threads(threads)
-    translator = Translator.from_pretrained(model_path, device="cpu")
+    translator = Translator.from_pretrained(model_path, device=device, dtype=dtype)
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences) - batch_size + 1, batch_size)]
     translator.translate(batches[0], beam_size=beam_size)  # warm-up
     texts = tokens = 0
