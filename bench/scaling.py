@@ -48,11 +48,10 @@ from bench.service import (  # noqa: E402
     bench_config,
     exit_on_sigterm,
     read_sentences,
-    serve_environment,
     tiny_models,
 )
 from tests.loadgen import run_load, translate_bodies  # noqa: E402
-from tests.processes import free_port, stop_process_group  # noqa: E402
+from tests.processes import free_port, serve_environment, stop_process_group  # noqa: E402
 
 logger = logging.getLogger("bench.scaling")
 

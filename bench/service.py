@@ -52,7 +52,7 @@ from tests.loadgen import run_load, translate_bodies  # noqa: E402
 from tests.processes import (  # noqa: E402
     command_line,
     free_port,
-    serve_mode_environment,
+    serve_environment,
     session_pids,
     stop_process_group,
 )
@@ -130,18 +130,6 @@ def bench_config(port: int, model_paths: dict[str, str] | None, coalesce_max_cal
         {"name": "noop", "route_prefix": NOOP_PREFIX, "import_path": "bench.noop:app"},
     ]
     return config
-
-
-def serve_environment() -> dict[str, str]:
-    """A fresh local Ray cluster without token auth or usage stats, with the repository importable."""
-    return {
-        **os.environ,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_ADDRESS": "local",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p),
-        **serve_mode_environment(),
-    }
 
 
 def wait_ready(urls: list[str], process: subprocess.Popen | None, timeout_s: float, log_path: Path | None) -> None:

@@ -44,6 +44,20 @@ def serve_mode_environment() -> dict[str, str]:
     return {**HIGH_THROUGHPUT_MODE, **ports}
 
 
+def serve_environment() -> dict[str, str]:
+    """Environment for a `serve run` the tests or benchmarks start: a fresh local Ray cluster without token auth
+    or usage stats, the repository importable, and Serve's mode (serve_mode_environment)."""
+    repository = str(Path(__file__).resolve().parents[1])
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_ADDRESS": "local",  # a fresh local cluster, never one another process started
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in (repository, os.environ.get("PYTHONPATH", "")) if p),
+        **serve_mode_environment(),
+    }
+
+
 def session_pids(session_id: int) -> list[int]:
     """PIDs of the processes in an OS session (a process started with start_new_session leads one)."""
     pids = []

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.processes import serve_mode_environment
+from tests.processes import serve_environment
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def serve_started(
             process = subprocess.Popen(
                 _serve_command(config_path),
                 cwd=REPO,
-                env=_serve_environment(),
+                env=serve_environment(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -177,17 +177,6 @@ def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[s
         ("/readyz", f"{GUARDED_PREFIX}/readyz"),
     ):
         yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
-
-
-def _serve_environment() -> dict[str, str]:
-    return {
-        **os.environ,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_ADDRESS": "local",  # a fresh local cluster, never one another process started
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        **serve_mode_environment(),
-    }
 
 
 def _serve_command(config_path: Path) -> list[str]:
