@@ -1,5 +1,7 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
+from model.attribution import METHODS as ATTRIBUTION_METHODS
+from model.attribution import Attributions
 from model.config import ModelConfig
 from model.errors import (
     CheckpointError,
@@ -16,6 +18,8 @@ from model.transformer import Transformer
 from model.translator import Explanation, StreamedToken, Translation, Translator
 
 __all__ = [
+    "ATTRIBUTION_METHODS",
+    "Attributions",
     "AttentionSteps",
     "DecodingOptions",
     "MAX_BEAM_SIZE",

@@ -438,13 +438,20 @@ class Transformer(nn.Module):
     # ---- embeddings -------------------------------------------------------------------
     def embed(self, table: nn.Embedding, token_ids: Tensor, start: int = 0) -> Tensor:
         """Token embedding × √d_model (when scale_embedding) + sinusoidal position."""
-        length = token_ids.size(1)
+        return self.add_positions(self.token_embeddings(table, token_ids), start)
+
+    def token_embeddings(self, table: nn.Embedding, token_ids: Tensor) -> Tensor:
+        """Token embedding × √d_model (when scale_embedding), before positions: what attributions differentiate."""
+        return table(token_ids).to(self.positions.dtype) * self.embed_scale
+
+    def add_positions(self, x: Tensor, start: int = 0) -> Tensor:
+        """x (B, T, d_model) + the sinusoidal positions start … start + T - 1 (then dropout when training)."""
+        length = x.size(1)
         if start + length > self.positions.size(0):
             raise ValueError(
                 f"sequence of {start + length} positions exceeds max_position_embeddings={self.positions.size(0)}"
             )
-        x = table(token_ids).to(self.positions.dtype) * self.embed_scale + self.positions[start : start + length]
-        return F.dropout(x, self.config.dropout, self.training)
+        return F.dropout(x + self.positions[start : start + length], self.config.dropout, self.training)
 
     def cast_weights(self, dtype: torch.dtype) -> Transformer:
         """Store the matrices (linear layers, embeddings) in `dtype`, e.g. bf16 for the fast mode.
@@ -482,7 +489,12 @@ class Transformer(nn.Module):
     # ---- encoder ----------------------------------------------------------------------
     def encode(self, source_ids: Tensor, source_mask: Tensor, need_weights: bool = False) -> EncoderOutput:
         """source_ids (B, S) and source_mask (B, S) bool → hidden states (B, S, d_model)."""
-        x = self.embed(self.encoder_embed_tokens, source_ids)
+        embedded = self.token_embeddings(self.encoder_embed_tokens, source_ids)  # (B, S, d_model)
+        return self.encode_embedded(embedded, source_mask, need_weights)
+
+    def encode_embedded(self, embedded: Tensor, source_mask: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """`encode` from token embeddings (B, S, d_model) instead of ids (positions are added here)."""
+        x = self.add_positions(embedded)
         attend = source_mask[:, None, None, :]  # (B, 1, 1, S)
         self_attention = [] if need_weights else None
         for layer in self.encoder_layers:
@@ -496,9 +508,16 @@ class Transformer(nn.Module):
         self, target_ids: Tensor, encoder: EncoderOutput, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor] | None]:
         """Teacher-forced decoder over target_ids (B, T) → hidden (B, T, d), cross-attention per layer."""
-        x = self.embed(self.decoder_embed_tokens, target_ids)
+        embedded = self.token_embeddings(self.decoder_embed_tokens, target_ids)  # (B, T, d_model)
+        return self.decode_embedded(embedded, encoder, need_weights)
+
+    def decode_embedded(
+        self, embedded: Tensor, encoder: EncoderOutput, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """`decode` from token embeddings (B, T, d_model) instead of ids (positions are added here)."""
+        x = self.add_positions(embedded)
         source_mask = encoder.mask[:, None, None, :]  # (B, 1, 1, S)
-        length = target_ids.size(1)
+        length = x.size(1)
         causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()  # (T, T)
         cross_attention = [] if need_weights else None
         for layer in self.decoder_layers:

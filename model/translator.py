@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from model.alignment import alignment_matrix, attention_links, shift_rows
+from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
@@ -467,6 +468,14 @@ class Translator:
             cross_attention=decoded.cross_attention,
             encoder_self_attention=decoded.encoder_self_attention,
         )
+
+    def attribute(
+        self, source_ids: list[int], target_ids: list[int], method: str = "alti_plus", steps: int | None = None
+    ) -> Attributions:
+        """How much each source token and each earlier target token made each of `target_ids` (eos
+        included): one of model.attribution.METHODS; `steps` for integrated gradients."""
+        unknown_ids = (self.tokenizer.source_unk_id, self.tokenizer.target_unk_id)
+        return attribute(self.model, list(source_ids), list(target_ids), method, unknown_ids, steps)
 
     def attention_steps(
         self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
