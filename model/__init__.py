@@ -1,5 +1,7 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
+from model.attribution import DEFAULT_STEPS as ATTRIBUTION_DEFAULT_STEPS
+from model.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
 from model.attribution import METHODS as ATTRIBUTION_METHODS
 from model.attribution import Attributions
 from model.config import ModelConfig
@@ -18,6 +20,8 @@ from model.transformer import Transformer
 from model.translator import Explanation, StreamedToken, Translation, Translator
 
 __all__ = [
+    "ATTRIBUTION_DEFAULT_STEPS",
+    "ATTRIBUTION_MAX_STEPS",
     "ATTRIBUTION_METHODS",
     "Attributions",
     "AttentionSteps",

@@ -191,7 +191,9 @@ class Ingress:
         spec = self.specs[model]
         plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/split_texts.py
         texts = model_texts(body.texts, plans)
-        call = TranslateCall(texts=texts, options=body.decoding_options(), attention=body.attention)
+        call = TranslateCall(
+            texts=texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
+        )
         outcomes = await self.call(partial(self.coalescers[model].submit, call))
         return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
 
@@ -209,7 +211,9 @@ class Ingress:
         if len(body.texts) != 1:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
-        call = TranslateCall(texts=body.texts, options=body.decoding_options(), attention=body.attention)
+        call = TranslateCall(
+            texts=body.texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
+        )
         if self.in_flight >= self.config.max_in_flight_requests:
             raise OverloadedError(self.config.retry_after_s)
         stream = self.translators[model].options(stream=True).translate_stream.remote(call)
@@ -249,13 +253,19 @@ class Ingress:
     @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
     async def explain(self, body: ExplainRequest) -> Response:
         view = (body.kind, body.layer, body.head, body.position)
+        attribution = (body.method, body.steps)
         if body.explanation_id is not None:
             key = self.explanation_key(body.explanation_id)
             handle = self.translators[key.model_id]
-            call = partial(handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, *view)
+            call = partial(
+                handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, *view,
+                attribution=attribution,
+            )
         else:
             handle = self.translators[self.pick_model(body.model, body.source_lang, body.target_lang)]
-            call = partial(handle.explain.remote, body.source, body.target, *view, body.beam_size)
+            call = partial(
+                handle.explain.remote, body.source, body.target, *view, body.beam_size, attribution=attribution
+            )
         return json_response(await self.call(call))
 
     @api.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, summary="Served models")

@@ -23,7 +23,7 @@ from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.metrics import replica_identity, service_metrics
-from service.results import explanation_json, hypothesis_json, steps_json
+from service.results import attributions_json, explanation_json, hypothesis_json, steps_json
 from service.schemas import MAX_TEXT_CHARS
 
 logger = logging.getLogger("ray.serve")
@@ -58,6 +58,7 @@ class TranslateCall:
     texts: list[str]
     options: DecodingOptions
     attention: str = "none"  # "none" | "summary" | "full": only changes what is returned
+    source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
 
 
 @dataclass
@@ -161,7 +162,23 @@ class TranslatorDeployment:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
+        if call.source_share:
+            await asyncio.to_thread(self._add_source_shares, outcomes)
         return outcomes
+
+    def _add_source_shares(self, translations: list[dict]) -> None:
+        """token_source_shares and source_share (ALTI+) on each translation and alternative, from the tokens
+        its explanation id names; a blank text (no id, nothing decoded) gets [] and null."""
+        for translation in translations:
+            for hypothesis in [translation, *(translation.get("alternatives") or [])]:
+                shares: list[float] = []
+                if hypothesis["explanation_id"] is not None:
+                    key = decode_explanation_id(hypothesis["explanation_id"], self.secret)
+                    attributions = self.translator.attribute(list(key.source_ids), list(key.target_ids), "alti_plus")
+                    shares = attributions.source_share.tolist()
+                    self.metrics.forced_decodes.labels(self.spec.id, "source_share").inc()
+                hypothesis["token_source_shares"] = shares
+                hypothesis["source_share"] = sum(shares) / len(shares) if shares else None
 
     async def translate_stream(self, call: TranslateCall) -> AsyncIterator[dict | Rejected]:
         """POST /v1/translate/stream of one text: {"type": "start"} once the text is accepted (or a Rejected
@@ -211,7 +228,10 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
-        yield {"type": "result", "translation": self._translation_json(translation, attention)}
+        result = self._translation_json(translation, attention)
+        if call.source_share:
+            await asyncio.to_thread(self._add_source_shares, [result])
+        yield {"type": "result", "translation": result}
 
     def _check_length_budget(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
@@ -313,13 +333,30 @@ class TranslatorDeployment:
         return explanation_json(explained, self.spec.id, self._explanation_id(source_ids, target_ids))
 
     async def explain(
-        self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
+        self,
+        source: str,
+        target: str | None,
+        kind: str,
+        layer: int | None,
+        head: int,
+        position: int,
+        beam_size: int,
+        attribution: tuple[str, int | None] = ("attention", None),
     ) -> dict | Rejected:
-        """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain)."""
-        return await _rejecting(self._explain(source, target, kind, layer, head, position, beam_size))
+        """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain), and
+        with attribution (method, steps) other than attention that method's attributions."""
+        return await _rejecting(self._explain(source, target, kind, layer, head, position, beam_size, attribution))
 
     async def _explain(
-        self, source: str, target: str | None, kind: str, layer: int | None, head: int, position: int, beam_size: int
+        self,
+        source: str,
+        target: str | None,
+        kind: str,
+        layer: int | None,
+        head: int,
+        position: int,
+        beam_size: int,
+        attribution: tuple[str, int | None],
     ) -> dict:
         source_ids = self.translator.encode_source([source])[0]
         if target is None:
@@ -330,7 +367,9 @@ class TranslatorDeployment:
             limit = self.translator.config.max_position_embeddings
             if len(target_ids) > limit:
                 raise InputTooLongError(f"target has {len(target_ids)} tokens; this model accepts at most {limit}")
-        return await asyncio.to_thread(self._explain_json, source_ids, target_ids, kind, layer, head, position)
+        return await asyncio.to_thread(
+            self._explain_json, source_ids, target_ids, kind, layer, head, position, attribution
+        )
 
     async def explain_ids(
         self,
@@ -341,22 +380,37 @@ class TranslatorDeployment:
         layer: int | None,
         head: int,
         position: int,
+        attribution: tuple[str, int | None] = ("attention", None),
     ) -> dict | Rejected:
         """POST /v1/explain of an explanation id: exactly the tokens the model decoded."""
 
         async def run() -> dict:
             self._check_weights(weights_digest)
             return await asyncio.to_thread(
-                self._explain_json, list(source_ids), list(target_ids), kind, layer, head, position
+                self._explain_json, list(source_ids), list(target_ids), kind, layer, head, position, attribution
             )
 
         return await _rejecting(run())
 
     def _explain_json(
-        self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
+        self,
+        source_ids: list[int],
+        target_ids: list[int],
+        kind: str,
+        layer: int | None,
+        head: int,
+        position: int,
+        attribution: tuple[str, int | None],
     ) -> dict:
+        method, attribution_steps = attribution
+        attributions = None
+        if method != "attention":  # first: a pair too long for attributions answers 413 before any other work
+            attributions = self.translator.attribute(source_ids, target_ids, method, attribution_steps)
+            self.metrics.forced_decodes.labels(self.spec.id, method).inc()
         result = self._forced_decode_json(source_ids, target_ids, "explain")
         steps = self.translator.attention_steps(source_ids, target_ids, kind, layer, head, position)
         result["steps"] = steps_json(steps)
+        if attributions is not None:
+            result["attributions"] = attributions_json(attributions)
         return result
 

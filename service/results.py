@@ -82,6 +82,16 @@ def explanation_json(explained: Explanation, model_id: str, explanation_id: str)
     return result
 
 
+def attributions_json(attributions: Any) -> dict[str, Any]:
+    """model.Attributions → the "attributions" object of POST /v1/explain."""
+    return {
+        "method": attributions.method,
+        "source": attributions.source.tolist(),
+        "target": attributions.target.tolist(),
+        "source_share": attributions.source_share.tolist(),
+    }
+
+
 def steps_json(steps: Any) -> dict[str, Any]:
     """model.explain.AttentionSteps → the "steps" object of POST /v1/explain."""
     return {

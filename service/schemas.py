@@ -5,11 +5,11 @@ Limits live here as constants so that /openapi.json states them and validation e
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from model import DecodingOptions
+from model import ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS, ATTRIBUTION_METHODS, DecodingOptions
 from service.explanations import MAX_ID_CHARS
 
 MAX_TEXTS = 64
@@ -19,6 +19,11 @@ MAX_LENGTH = 512
 
 AttentionLevel = Literal["none", "summary", "full"]
 AttentionKind = Literal["cross", "encoder_self"]
+ExplainMethod = Literal[
+    "attention", "saliency", "input_x_gradient", "integrated_gradients", "value_zeroing", "alti_plus"
+]
+assert get_args(ExplainMethod)[1:] == ATTRIBUTION_METHODS, "the API's methods are the engine's"
+DEFAULT_STEPS, MAX_ATTRIBUTION_STEPS = ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS
 Text = Annotated[
     str,
     Field(
@@ -64,6 +69,12 @@ class TranslateRequest(ModelChoice):
         "none",
         description='"summary": the cross-attention of the alignment head (the map `alignment` is read from); '
         '"full": also every layer and head. The explanation_id gives the same maps later.',
+    )
+    source_share: bool = Field(
+        False,
+        description="true: each translation also carries `token_source_shares` and `source_share`: how much of "
+        "each target token came from the source rather than from the target prefix (ALTI+, Ferrando et al. "
+        "2022). A low share flags tokens the model made up (a hallucination signal); costs one more pass.",
     )
     split_sentences: bool = Field(
         True,
@@ -131,6 +142,14 @@ class Hypothesis(BaseModel):
         '(translated to "" without running the model) and for a text split into sentences (see `sentences`).'
     )
     attention: AttentionMaps | None = None
+    token_source_shares: list[float] | None = Field(
+        None,
+        description="Only with source_share: true. Per target token, the share (0 to 1) of its making that "
+        "came from the source tokens rather than from the target prefix (ALTI+).",
+    )
+    source_share: float | None = Field(
+        None, description="Only with source_share: true. The mean of token_source_shares (null for a blank text)."
+    )
 
 
 class SentenceTranslation(Hypothesis):
@@ -206,6 +225,24 @@ class ExplainRequest(ModelChoice):
         0, ge=0, description="Query position: a target token (cross) or a source token (encoder_self)."
     )
     beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation.")
+    method: ExplainMethod = Field(
+        "attention",
+        description='"attention": the maps and one head step by step (always there). Any other method adds '
+        "`attributions`: per target token, how much each source token and each earlier target token made it. "
+        "Costs per method in the README (integrated_gradients is the dearest).",
+    )
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ATTRIBUTION_STEPS,
+        description=f"integrated_gradients only: points on the path from the baseline (default {DEFAULT_STEPS}).",
+    )
+
+    @model_validator(mode="after")
+    def _steps_only_for_integrated_gradients(self) -> ExplainRequest:
+        if self.steps is not None and self.method != "integrated_gradients":
+            raise ValueError("steps applies to method integrated_gradients only")
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_name_the_translation(self) -> ExplainRequest:
@@ -243,12 +280,25 @@ class AttentionStepsOut(BaseModel):
     output: list[float] = Field(description="Σ weights · v (d_k).")
 
 
+class AttributionsOut(BaseModel):
+    """Per target token t, where it came from: each source token and each decoder input up to t."""
+
+    method: ExplainMethod
+    source: list[list[float]] = Field(description="[target_token][source_token]")
+    target: list[list[float]] = Field(
+        description="[target_token][decoder_input]: column 0 the decoder's start token, column j the target token "
+        "j - 1; zero after the token's own step. Row t of source and of target together sum to 1."
+    )
+    source_share: list[float] = Field(description="Per target token, the sum of its source row.")
+
+
 class ExplainResponse(ExplanationResponse):
     token_scores: list[float]
     encoder_self_attention: list[list[list[list[float]]]] = Field(
         description="[layer][head][source_token][source_token]"
     )
     steps: AttentionStepsOut
+    attributions: AttributionsOut | None = Field(None, description="Only when a method other than attention is asked.")
 
 
 class ModelInfo(BaseModel):

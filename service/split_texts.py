@@ -14,7 +14,8 @@ of two or more sentences is answered as one translation object:
 - the top-level token fields describe the whole text as the sentences laid end to end: `source_tokens`,
   `target_tokens`, `token_scores`, `source_words`, `target_words` are the sentences' lists concatenated
   (each sentence's tokens end with its own `</s>`), `alignment` and `word_alignment` index into those
-  concatenated lists, and `score` is the sum of the sentences' scores;
+  concatenated lists, and `score` is the sum of the sentences' scores (with source_share, likewise
+  `token_source_shares`, and `source_share` is their mean);
 - `explanation_id` is null and `attention` and `alternatives` are absent: an explanation is one decode,
   so they are given per sentence.
 """
@@ -82,6 +83,10 @@ def _joined(pieces: list[Piece], sentences: list[dict], target_language: str) ->
         for key in ("source_tokens", "target_tokens", "token_scores", "source_words", "target_words"):
             result[key].extend(sentence[key])
         result["score"] += sentence["score"]
+    if sentences and all("token_source_shares" in sentence for sentence in sentences):  # asked for: source_share true
+        shares = [share for sentence in sentences for share in sentence["token_source_shares"]]
+        result["token_source_shares"] = shares
+        result["source_share"] = sum(shares) / len(shares) if shares else None
     result["sentences"] = sentences
     return result
 
