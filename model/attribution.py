@@ -33,6 +33,9 @@ DEFAULT_STEPS = 50  # integrated gradients: Gauss-Legendre points on the path, c
 MAX_STEPS = 100
 MAX_TOKENS = 160  # source + target tokens one attribution may cover: integrated gradients runs T × steps rows
 ROWS_PER_PASS = 64  # rows of one forward-and-backward pass: bounds the memory of integrated gradients
+# Integrated gradients runs target tokens × steps rows of source + target tokens through the model and back:
+# beyond this many token-rows one pair takes more than about ten seconds on one core (bench/attributions.py).
+MAX_GRADIENT_WORK = 40_000
 
 
 @dataclass
@@ -86,6 +89,16 @@ def attribute(
         )
     if steps is not None and (method != "integrated_gradients" or not 1 <= steps <= MAX_STEPS):
         raise InvalidInputError(f"steps applies to integrated_gradients only, between 1 and {MAX_STEPS}")
+    if method == "integrated_gradients":
+        steps = steps or DEFAULT_STEPS
+        tokens = len(source_ids) + len(target_ids)
+        if len(target_ids) * steps * tokens > MAX_GRADIENT_WORK:
+            fitting = MAX_GRADIENT_WORK // (len(target_ids) * tokens)
+            raise InputTooLongError(
+                f"integrated gradients with {steps} steps over {tokens} tokens is {len(target_ids) * steps * tokens} "
+                f"token-rows of work, more than the {MAX_GRADIENT_WORK} allowed: "
+                + (f"ask at most {fitting} steps for this pair" if fitting else "this pair is too long for it")
+            )
     device = model.final_logits_bias.device
     start = model.config.decoder_start_token_id
     pair = _Pair(

@@ -245,3 +245,7 @@ def test_bad_requests_are_refused(tiny_translator):
         tiny_translator.attribute(source_ids, [5, 0], "integrated_gradients", steps=10_000)
     with pytest.raises(InputTooLongError, match="at most"):
         tiny_translator.attribute([14] * (MAX_TOKENS // 2) + [0], [5] * (MAX_TOKENS // 2) + [0], "alti_plus")
+    long_target = [5] * 40 + [0]  # 41 target tokens × 50 steps × 45 tokens: more work than one request may ask
+    with pytest.raises(InputTooLongError, match="ask at most 21 steps"):
+        tiny_translator.attribute(source_ids, long_target, "integrated_gradients")
+    assert tiny_translator.attribute(source_ids, long_target, "integrated_gradients", steps=21).source.shape == (41, 4)
