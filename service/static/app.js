@@ -1,10 +1,11 @@
 // The explanation viewer's entry point: wires the page's controls to the panels and starts it. Talks only to
 // this service's REST API (api.js); what is on screen lives in state.js; each panel has its own module:
 // translation.js (form, translation, confidence, alternatives), attention.js (heatmap, alignment),
-// steps.js (one head step by step); explanation.js fetches an explanation and hands it to all of them.
+// attributions.js (the heatmap's other methods, the source-share bar), steps.js (one head step by step);
+// explanation.js fetches an explanation and hands it to all of them.
 
 import { onUnauthorized } from "./api.js";
-import { onHeatmapKey, redrawHeatmap, redrawLines, relabelAttention, renderAttention, selectTarget } from "./attention.js";
+import { chooseMethod, onHeatmapKey, redrawHeatmap, redrawLines, relabelAttention, renderAttention, selectTarget } from "./attention.js";
 import { $, $$ } from "./dom.js";
 import { linkedExplanationId, onChooseHypothesis, onTranslate, openFromLink } from "./explanation.js";
 import { defaultLanguage, language, setLanguage, t } from "./i18n.js";
@@ -61,6 +62,8 @@ function init() {
     const choice = event.target.closest("button.alt-choice");
     if (choice) onChooseHypothesis(Number(choice.dataset.rank));
   });
+  $("#method-select").value = state.method; // not a choice the browser restored from an earlier visit
+  $("#method-select").addEventListener("change", (event) => chooseMethod(event.target.value));
   $("#layer-select").addEventListener("change", (event) => {
     state.layer = Number(event.target.value);
     renderAttention();

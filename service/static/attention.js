@@ -1,7 +1,8 @@
 // The cross-attention panel: the T×S heatmap for a chosen layer and head, the alignment lines between the
 // two sentences, and the selected target token they all highlight.
 
-import { $, $$, clamp, compact, el, fixed, options, svg } from "./dom.js";
+import { describeMethod, loadAttributions, methodEntry, renderSourceShare } from "./attributions.js";
+import { $, $$, clamp, compact, el, fixed, options, percent, svg } from "./dom.js";
 import { t } from "./i18n.js";
 import { alignmentSource, languages, range, state } from "./state.js";
 import { buildView, displayedRows, headMatrix, isCjk } from "./tokens.js";
@@ -25,8 +26,19 @@ function headerShape(label) {
   return characters.length <= 3 ? " short" : "";
 }
 
-/** The T×S table: one focusable cell per (target, source) pair with data-t, data-s and data-value. */
+/**
+ * The T×S table: one focusable cell per (target, source) pair with data-t, data-s and data-value, from
+ * view.heat (an attribution method's matrix; null while it is computed or when it failed: no table) or else
+ * view.matrix (attention). With an attribution method a last column gives each row's sum, its source share.
+ */
 export function renderHeatmap(table, view, { showValues, sourceLang, targetLang }) {
+  const matrix = view.heat === undefined ? view.matrix : view.heat;
+  table.classList.toggle("values", showValues);
+  if (!matrix) {
+    table.replaceChildren();
+    return;
+  }
+  const sums = view.method ? matrix.map((row) => row.reduce((a, b) => a + b, 0)) : null;
   const head = el(
     "tr",
     {},
@@ -38,6 +50,7 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
         el("span", { class: tokenClass(token) }, token.label),
       ),
     ),
+    sums && el("th", { scope: "col", class: "sum-head" }, t("sum_column")),
   );
   const rows = view.target.map((token, row) =>
     el(
@@ -52,7 +65,7 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
           token.label,
         ),
       ),
-      view.matrix[row].map((value, s) => {
+      matrix[row].map((value, s) => {
         const shade = intensity(value);
         return el(
           "td",
@@ -67,9 +80,24 @@ export function renderHeatmap(table, view, { showValues, sourceLang, targetLang 
           showValues ? compact(value) : "",
         );
       }),
+      sums &&
+        el(
+          "td",
+          {
+            class: "row-share num",
+            "data-t": row,
+            "data-value": sums[row],
+            "data-tip": t("sum_tip", {
+              target: token.label,
+              share: percent(sums[row]),
+              prefix: percent(Math.max(0, 1 - sums[row])),
+              method: t(`method_${view.method}`),
+            }),
+          },
+          percent(sums[row]),
+        ),
     ),
   );
-  table.classList.toggle("values", showValues);
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
 }
 
@@ -257,11 +285,40 @@ export function renderAttention() {
   const words = e.word_alignment ?? state.translation?.word_alignment;
   const targetWords = e.target_words ?? state.translation?.target_words;
   if (state.view === "words" && words && targetWords?.length === view.target.length) view.alignment = words;
+  // Another method colours the heatmap alone; the alignment below stays attention's (it is read from attention).
+  const entry = methodEntry();
+  if (entry) {
+    view.method = state.method;
+    view.heat = entry.status === "ok" ? buildView(state.view, e.source_tokens, e.target_tokens, entry.data.source, [], null).matrix : null;
+  }
   state.current = view;
+  describeMethod();
   renderConfidence(view);
+  renderSourceShare(view);
   renderHeatmap($("#heatmap"), view, { showValues: $("#show-values").checked, ...languages() });
   renderAlignment(view, languages());
   applySelection();
+}
+
+/**
+ * The heatmap's method: attention draws at once; another method draws when its attributions arrive (asked
+ * for once per explanation), with a status line meanwhile.
+ */
+export function chooseMethod(method) {
+  state.method = method;
+  loadAttributions(method, onAttributions);
+  renderAttention();
+}
+
+/** Attributions for the explanation on screen: the heatmap's own method's, and ALTI+'s for the source share. */
+export function loadExplanationAttributions() {
+  loadAttributions("alti_plus", onAttributions);
+  loadAttributions(state.method, onAttributions);
+}
+
+function onAttributions(method) {
+  if (method === state.method) renderAttention();
+  else renderSourceShare(state.current);
 }
 
 /** Redraw the heatmap alone (numbers on or off), keeping the selection. */

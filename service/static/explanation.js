@@ -2,7 +2,8 @@
 // it to every panel. All three share one request guard, so only the newest choice ever reaches the screen.
 
 import { fetchExplanation, LatestRequest, translate, translateStream } from "./api.js";
-import { showAttention } from "./attention.js";
+import { loadExplanationAttributions, showAttention } from "./attention.js";
+import { resetAttributions } from "./attributions.js";
 import { $ } from "./dom.js";
 import { resetLive, showStreamEvent } from "./live.js";
 import { setStatus, state } from "./state.js";
@@ -24,9 +25,11 @@ function show(explanation, id, translation) {
   state.explanation = explanation;
   state.explanationId = id;
   state.translation = translation;
+  resetAttributions();
   $("#results").hidden = false;
   renderTranslation();
   showAttention(explanation);
+  loadExplanationAttributions();
   resetSteps();
   history.replaceState(null, "", `#explanation=${encodeURIComponent(id)}`);
 }

@@ -49,6 +49,8 @@ function beginLive() {
   $("#align-source").replaceChildren();
   $("#align-target").replaceChildren();
   $("#align-lines").replaceChildren();
+  $("#source-share").replaceChildren(); // the shares come with the explanation
+  $("#share-summary").textContent = "";
 }
 
 /** The decoded text so far: pieces joined, ▁ as spaces, special tokens (</s>) left out. */

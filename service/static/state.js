@@ -19,6 +19,8 @@ export const state = {
   current: null, // the token view on screen (see tokens.buildView)
   status: null,
   steps: null, // {request, response}
+  method: "attention", // the heatmap's method: "attention" or an attribution method of POST /v1/explain
+  attributions: {}, // method → {status: "loading" | "ok" | "error", data?, message?} for the explanation on screen
 };
 
 export function modelInfo(id) {

@@ -188,12 +188,12 @@ def look_at(page, name: str) -> None:
     assert lines == [], f"{name}: {lines}"
 
 
-def hold_first(page, pattern: str) -> list:
-    """Hold back the first request matching `pattern` (later ones go through); it lands in the returned list."""
+def hold_first(page, pattern: str, when=lambda request: True) -> list:
+    """Hold back the first request matching `pattern` and `when` (others go through); it lands in the returned list."""
     held: list = []
 
     def handle(route) -> None:
-        if held:
+        if held or not when(route.request):
             route.continue_()
         else:
             held.append(route)
@@ -395,7 +395,8 @@ def test_a_late_explanation_of_an_earlier_choice_never_replaces_a_later_one(page
 
 def test_steps_asked_for_before_a_new_explanation_never_appear_with_it(page, api, model):
     translate(page, model, beam_size=3, n_best=3)
-    held = hold_first(page, "**/v1/explain")
+    # The steps' request, not the attributions the page asks for by itself (the source share).
+    held = hold_first(page, "**/v1/explain", lambda request: "method" not in (request.post_data_json or {}))
     page.click("#steps-button")
     wait_until_held(page, held)
     page.locator("#alternatives button.alt-choice").nth(1).click()  # a new explanation while the steps compute
@@ -450,6 +451,179 @@ def test_step_by_step_shows_the_weights_of_the_api(page, api, model, kind):
     # Each of the five steps is on the page with its formula.
     assert page.locator("#steps .step .formula").count() == 5
     look_at(page, f"steps-{kind}-light-en")
+
+
+def attributions(api: httpx.Client, explanation_id: str, method: str) -> dict:
+    response = api.post("/v1/explain", json={"explanation_id": explanation_id, "method": method})
+    assert response.status_code == 200, response.text
+    return response.json()["attributions"]
+
+
+def explain_methods(page) -> list[str]:
+    """The methods of every POST /v1/explain the page sends from now on (it fills the returned list)."""
+    methods: list[str] = []
+
+    def record(request) -> None:
+        if request.url.endswith("/v1/explain") and request.method == "POST":
+            methods.append((request.post_data_json or {}).get("method", "attention"))
+
+    page.on("request", record)
+    return methods
+
+
+def choose_method(page, method: str) -> None:
+    """Switch the heatmap's method and wait until it is drawn (attributions carry a Σ column, attention none)."""
+    page.select_option("#method-select", method)
+    if method == "attention":
+        page.wait_for_selector("#heatmap td.cell")
+        assert page.locator("#heatmap td.row-share").count() == 0
+    else:
+        page.wait_for_selector("#heatmap td.row-share, #method-status[data-kind=error]")
+
+
+def test_the_method_switch_draws_the_apis_attributions_and_switching_back_restores_attention(page, api, model):
+    methods = explain_methods(page)
+    explanation_id = translate(page, model)
+    attention_cells = shown_cells(page)
+    attention_legend = page.inner_text("#legend-note")
+    target_count = len(api.get(f"/v1/explanations/{explanation_id}").json()["target_tokens"])
+    # A real <select> with a label.
+    assert page.get_by_label("Method", exact=True).evaluate("node => node.id") == "method-select"
+    assert page.input_value("#method-select") == "attention"
+
+    for method in ["alti_plus", "input_x_gradient"]:
+        choose_method(page, method)
+        expected = attributions(api, explanation_id, method)
+        cells = shown_cells(page)
+        assert set(cells) == {(t, s) for t in range(len(expected["source"])) for s in range(len(expected["source"][0]))}
+        assert len(expected["source"]) == target_count
+        for (t, s), value in cells.items():
+            assert value == pytest.approx(expected["source"][t][s], abs=1e-6), (method, t, s)
+        # The Σ column: each row's source share; the rest of the row's 1 came from the target prefix.
+        assert numbers(page, "#heatmap td.row-share", "value") == pytest.approx(expected["source_share"], abs=1e-6)
+        # The legend says what the numbers are now.
+        assert page.locator("#method-note").is_visible()
+        assert "target prefix" in page.inner_text("#legend-note")
+        assert "target prefix" in page.inner_text("#heatmap-help")
+        assert page.inner_text("#method-status") == ""
+        look_at(page, f"method-{method}-light-en")
+
+    choose_method(page, "attention")
+    assert shown_cells(page) == attention_cells
+    assert page.inner_text("#legend-note") == attention_legend
+    assert page.locator("#method-note").is_hidden()
+    # ALTI+ was asked once (the source share's answer drew its heatmap too); attention needs no request.
+    assert methods == ["alti_plus", "input_x_gradient"]
+
+    # The heatmap keeps its method for the next translation, and the interface's language follows.
+    choose_method(page, "alti_plus")
+    page.click("#ui-lang")
+    assert "目标前缀" in page.inner_text("#legend-note")
+    assert page.inner_text("#method-select option[value=alti_plus]").startswith("ALTI+")
+    look_at(page, "method-alti_plus-light-zh")
+
+
+def test_the_source_share_bar_marks_tokens_made_mostly_from_the_target_prefix(page, api, model):
+    text = SENTENCES.get(model["source_lang"], SENTENCES["en"])
+    explanation_id = translate(page, model, text)
+    page.wait_for_selector("#source-share [data-share]")
+    expected = attributions(api, explanation_id, "alti_plus")["source_share"]
+    # The same numbers as /v1/translate's own source_share for that translation.
+    body = {
+        "texts": [text],
+        "model": model["id"],
+        "beam_size": 2,
+        "n_best": 2,
+        "source_share": True,
+        "split_sentences": False,
+    }
+    translated = api.post("/v1/translate", json=body).json()["translations"][0]
+    assert translated["explanation_id"] == explanation_id
+    assert translated["token_source_shares"] == pytest.approx(expected, abs=1e-6)
+
+    shares = numbers(page, "#source-share [data-share]", "share")
+    assert len(shares) == len(translated["target_tokens"])  # one mark per target token
+    assert shares == pytest.approx(expected, abs=1e-9)
+    assert low_marks(page) == {t for t, share in enumerate(expected) if share < 0.5}
+    for t in {0, len(shares) - 1}:  # each mark's tooltip gives its number
+        page.hover(f"#source-share button[data-t='{t}']")
+        assert re.search(r"\d+(\.\d)?%", page.inner_text("#tooltip"))
+    # The tokens are the target language's, labelled so for the font choice.
+    assert set(page.eval_on_selector_all("#source-share button", "ns => ns.map(n => n.lang)")) == {model["target_lang"]}
+    assert page.inner_text("#share-status") == ""
+    look_at(page, "source-share-light-en")
+
+    # Clicking a mark selects its token in every panel.
+    page.click("#source-share button[data-t='0']")
+    assert page.get_attribute("#heatmap button.tok-target[data-t='0']", "aria-pressed") == "true"
+
+    # The tiny random models draw nearly all of every token from the source (shares ≈ 1), so to see the marks
+    # the next answer's shares are made to alternate around the threshold on their way to the page.
+    def low_and_high(route) -> None:
+        if (route.request.post_data_json or {}).get("method") != "alti_plus":
+            route.continue_()
+            return
+        response = route.fetch()
+        payload = response.json()
+        count = len(payload["attributions"]["source_share"])
+        payload["attributions"]["source_share"] = [0.25 if t % 2 == 0 else 0.75 for t in range(count)]
+        route.fulfill(response=response, json=payload)
+
+    page.route("**/v1/explain", low_and_high)
+    page.locator("#alternatives button.alt-choice").nth(1).click()  # a new explanation: its source share is asked
+    page.wait_for_selector("#alternatives button.alt-choice[data-rank='1'][aria-pressed=true]")
+    page.wait_for_selector("#source-share [data-share]")
+    shares = numbers(page, "#source-share [data-share]", "share")
+    assert shares == [0.25 if t % 2 == 0 else 0.75 for t in range(len(shares))]
+    low = low_marks(page)
+    assert low == set(range(0, len(shares), 2))
+    for t in {0, 1}:
+        page.hover(f"#source-share button[data-t='{t}']")
+        tip = page.inner_text("#tooltip")
+        assert ("25%" in tip and "mostly from the prefix" in tip) if t in low else ("75%" in tip), tip
+    assert f"{len(low)} of {len(shares)} tokens" in page.inner_text("#share-summary")
+    look_at(page, "source-share-low-light-en")
+
+    # The interface in Chinese; words: one mark per word, the mean of its pieces' shares.
+    page.click("#ui-lang")
+    assert page.inner_text("#share-heading") == "每个词元的源份额 (ALTI+)"
+    assert "主要来自前缀" in page.get_attribute("#source-share button[data-t='0']", "data-tip")
+    page.check("input[name=view][value=words]")
+    assert page.locator("#source-share [data-share]").count() == page.locator("#heatmap tbody tr").count()
+    look_at(page, "source-share-words-light-zh")
+
+
+def low_marks(page) -> set[int]:
+    """The target tokens the source-share bar marks as made mostly from the target prefix (class and data-low)."""
+    flagged = page.eval_on_selector_all("#source-share [data-low=true]", "ns => ns.map(n => Number(n.dataset.t))")
+    marked = page.eval_on_selector_all("#source-share .low-share", "ns => ns.map(n => Number(n.dataset.t))")
+    assert set(flagged) == set(marked)
+    return set(flagged)
+
+
+def test_a_pair_too_long_for_attributions_says_so_on_the_page(page, api, model):
+    """A pair over the attributions' token limit: the API answers 413, and the page shows its message in the
+    source-share bar and for a chosen method, never a blank or stale heatmap; attention still works."""
+    sentence = "the quick brown fox sat on the mat" if model["source_lang"] == "en" else "猫坐在垫子上。"
+    explanation_id = translate(page, model, " ".join([sentence] * 12))
+    response = api.post("/v1/explain", json={"explanation_id": explanation_id, "method": "alti_plus"})
+    assert response.status_code == 413, response.text
+    message = response.json()["error"]["message"]
+
+    page.wait_for_selector("#share-status[data-kind=error]")
+    assert message in page.inner_text("#share-status")
+    assert page.locator("#share-status").is_visible()
+    assert page.locator("#source-share [data-share]").count() == 0
+
+    choose_method(page, "saliency")
+    status = page.locator("#method-status[data-kind=error]")
+    assert status.is_visible() and message in status.inner_text()
+    assert page.locator("#heatmap td.cell").count() == 0  # no numbers of another method or translation
+    look_at(page, "attributions-too-long")
+
+    choose_method(page, "attention")
+    assert page.locator("#heatmap td.cell").count() > 0
+    assert page.inner_text("#method-status") == ""
 
 
 @pytest.mark.parametrize("color_scheme", ["light", "dark"])
