@@ -40,12 +40,22 @@ from service.errors import (
     RequestTimeoutError,
     RouteNotFoundError,
     ServiceError,
+    describe,
     exception_response,
     json_response,
+    replica_lost,
     route_family,
 )
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id
-from service.metrics import MULTIPROCESS_ENV, PROMETHEUS_CONTENT_TYPE, render_metrics, replica_identity, service_metrics
+from service.metrics import (
+    MULTIPROCESS_ENV,
+    PROMETHEUS_CONTENT_TYPE,
+    node_address,
+    render_metrics,
+    replica_identity,
+    serve_node_metrics,
+    service_metrics,
+)
 from service.middleware import ServiceMiddleware, route_path
 from service.schemas import (
     ErrorResponse,
@@ -107,6 +117,8 @@ class Ingress:
         self.config = ServiceConfig.model_validate(config)
         self.metrics = service_metrics(self.config.metrics_dir)
         self.metrics_dir = os.environ[MULTIPROCESS_ENV]
+        if self.config.node_metrics_port:  # this node's own scrape target (a multi-node cluster)
+            serve_node_metrics(self.metrics_dir, node_address(), self.config.node_metrics_port)
         self.api_keys = self.config.resolved_api_keys()
         self.secret = explanation_secret(self.config.explanation_secret_env)
         self.specs: dict[str, ModelSpec] = {spec.id: spec for spec in self.config.models}
@@ -149,17 +161,29 @@ class Ingress:
         raise ModelNotServedError(f"no model translates {source_lang}→{target_lang}; available: {available}")
 
     async def call(self, start: Callable[[], Any]) -> Any:
-        """Run start() (a translator call, or a coalesced request) within the in-flight limit and the timeout."""
+        """Run start() (a translator call, or a coalesced request) within the in-flight limit and the timeout.
+
+        A call whose replica was lost (killed, its node gone) is started once more, on whichever replica the
+        router picks, within the same timeout; a second loss answers 503 (service/errors.py)."""
         if self.in_flight >= self.config.max_in_flight_requests:
             raise OverloadedError(self.config.retry_after_s)
         self.in_flight += 1
-        work = start()
+        deadline = time.monotonic() + self.config.request_timeout_s
         try:
-            result = await asyncio.wait_for(work, self.config.request_timeout_s)
-        except asyncio.TimeoutError:
-            if isinstance(work, DeploymentResponse):
-                work.cancel()  # a coalesced request is given up by cancelling its wait (service/coalescing.py)
-            raise RequestTimeoutError(self.config.request_timeout_s) from None
+            for attempt in (1, 2):
+                work = start()
+                try:
+                    result = await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+                    break
+                except asyncio.TimeoutError:
+                    if isinstance(work, DeploymentResponse):
+                        work.cancel()  # a coalesced request is given up by cancelling its wait (service/coalescing.py)
+                    raise RequestTimeoutError(self.config.request_timeout_s) from None
+                except Exception as error:
+                    if attempt == 2 or not replica_lost(error):
+                        raise
+                    self.metrics.replica_retries.inc()
+                    logger.warning("a replica was lost during a call (%s); sending it again", type(error).__name__)
         finally:
             self.in_flight -= 1
         if isinstance(result, Rejected):
@@ -206,22 +230,27 @@ class Ingress:
         """One text. Events: `start` ({model, streams_tokens}); with `args.scheduler: continuous` and beam_size 1,
         one `token` per decoded token ({index, piece, token_id, logprob, attention: the alignment head's weights
         over the source tokens at the step that predicted it}); then `result` ({translation}: the object
-        /v1/translate returns for the text). Beam search streams no tokens: until it ends, any beam may win.
-        The text is not split into sentences. A client that disconnects stops the decode."""
+        /v1/translate returns for the text), or `error` ({error: {code, message}}) if the model call failed
+        after the first event (before it, the answer is the usual JSON error). Beam search streams no tokens:
+        until it ends, any beam may win. The text is not split into sentences. A client that disconnects stops
+        the decode."""
         if len(body.texts) != 1:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         call = TranslateCall(
             texts=body.texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
         )
-        if self.in_flight >= self.config.max_in_flight_requests:
-            raise OverloadedError(self.config.retry_after_s)
-        stream = self.translators[model].options(stream=True).translate_stream.remote(call)
-        try:
-            first = await asyncio.wait_for(stream.__anext__(), self.config.request_timeout_s)
-        except asyncio.TimeoutError:
-            stream.cancel()
-            raise RequestTimeoutError(self.config.request_timeout_s) from None
+        handle = self.translators[model].options(stream=True)
+
+        async def first_event() -> tuple[Any, Any]:
+            stream = handle.translate_stream.remote(call)
+            try:
+                return await stream.__anext__(), stream
+            except BaseException:  # timed out, or its replica lost: self.call gives up or starts it again
+                stream.cancel()
+                raise
+
+        first, stream = await self.call(first_event)  # nothing is sent before the first event: safe to retry
         if isinstance(first, Rejected):
             raise first.error
 
@@ -229,8 +258,12 @@ class Ingress:
             self.in_flight += 1
             try:
                 yield server_sent_event(first)
-                async for event in stream:
-                    yield server_sent_event(event)
+                try:
+                    async for event in stream:
+                        yield server_sent_event(event)
+                except Exception as error:  # the answer has begun (200): the failure is its last event
+                    _, code, message, _ = describe(error, self.config.retry_after_s)
+                    yield server_sent_event({"type": "error", "error": {"code": code, "message": message}})
             finally:
                 self.in_flight -= 1
                 stream.cancel()  # a client gone mid-stream: the translator stops decoding

@@ -83,7 +83,17 @@ class ServiceConfig(BaseModel):
         description="Environment variable holding the key that signs explanation ids (same on every replica).",
     )
     metrics_dir: str | None = Field(
-        None, description="prometheus_client multiprocess directory shared by the replicas of one node."
+        None,
+        description="prometheus_client multiprocess directory shared by the replicas of one node; node-local "
+        "(unset: one per Ray node under the temp dir), never on storage that several nodes share.",
+    )
+    node_metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="On a multi-node cluster: each node's ingress replica also serves that node's metrics at "
+        "http://<node address>:<port>/metrics, a per-node Prometheus target (deploy/prometheus.yml). "
+        "Unset: only GET /metrics, which answers for the node of whichever ingress replica serves it.",
     )
 
     @field_validator("api_keys")

@@ -15,8 +15,16 @@ import logging
 import math
 from typing import Any
 
+import grpc
 from fastapi.exceptions import RequestValidationError
-from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
+from ray.exceptions import (
+    ActorUnavailableError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
 from ray.serve.exceptions import (
     BackPressureError,
     DeploymentUnavailableError,
@@ -140,8 +148,24 @@ UNAVAILABLE = (
     RayActorError,  # ActorDiedError is one
     ActorUnavailableError,
     TaskCancelledError,
+    grpc.aio.AioRpcError,  # a direct gRPC call to a replica (Serve's throughput-optimized mode) that broke off
+    WorkerCrashedError,
+    NodeDiedError,
+    ObjectLostError,  # a result whose owner or node went away
     RayServeException,
 )
+# A model call whose replica went away (its process or node lost) or could not be reached. Translate and explain
+# are pure functions of their input, so the ingress sends such a call once more and Serve's router picks another
+# replica (Ingress.call); cancellations are not among them: those are the caller's own.
+REPLICA_LOST = (  # RayActorError: ActorDiedError and ActorUnavailableError too
+    RayActorError,
+    ReplicaUnavailableError,
+    grpc.aio.AioRpcError,
+    WorkerCrashedError,
+    NodeDiedError,
+    ObjectLostError,
+)
+
 
 
 def _finite(value: Any) -> Any:
@@ -171,6 +195,12 @@ def _cause(error: BaseException) -> BaseException:
     """The user-level exception inside a Ray RayTaskError (whose str() carries a traceback)."""
     cause = getattr(error, "cause", None)
     return cause if isinstance(cause, BaseException) else error
+
+
+def replica_lost(error: BaseException) -> bool:
+    """True when `error` says the replica serving a call was lost, so the same call may go to another one."""
+    cause = _cause(error)
+    return isinstance(cause, REPLICA_LOST) and not isinstance(cause, TaskCancelledError)
 
 
 def _validation_message(error: RequestValidationError) -> tuple[int, str, str]:

@@ -9,9 +9,13 @@ one process would be invisible to a scrape answered by another (DESIGN.md, Metri
 from __future__ import annotations
 
 import glob
+import http.server
+import logging
 import os
 import re
 import tempfile
+import threading
+import time
 
 from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
@@ -26,8 +30,11 @@ __all__ = [
     "ServiceMetrics",
     "configure_metrics_directory",
     "render_metrics",
+    "serve_node_metrics",
     "service_metrics",
 ]
+
+logger = logging.getLogger("ray.serve")
 
 
 def default_metrics_directory() -> str:
@@ -107,6 +114,10 @@ class ServiceMetrics:
         self.cancelled_texts = Counter(
             "translation_cancelled_texts", "Texts whose decode stopped because the client went away.", ["model"]
         )
+        self.replica_retries = Counter(
+            "translation_replica_retries",
+            "Model calls the ingress sent a second time because the replica serving them was lost.",
+        )
         self.model_info = Gauge(
             "translation_model_info",
             "A translator replica serving a model (value 1).",
@@ -175,3 +186,56 @@ def render_metrics(directory: str) -> bytes:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=directory)
     return generate_latest(registry)
+
+
+def node_address() -> str:
+    """This Ray node's address (the one the other nodes and Ray's Prometheus discovery file know it by)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray
+        return "127.0.0.1"
+
+
+class _NodeMetricsHandler(http.server.BaseHTTPRequestHandler):
+    directory = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.split("?", 1)[0] != "/metrics":
+            self.send_error(404, "only /metrics here")
+            return
+        body = render_metrics(self.directory)
+        self.send_response(200)
+        self.send_header("Content-Type", PROMETHEUS_CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:  # scrapes are not worth a log line each
+        pass
+
+
+def serve_node_metrics(directory: str, host: str, port: int, retry_s: float = 5.0) -> threading.Thread:
+    """Serve the node's metrics (every process writing to `directory`) at http://host:port/metrics from a thread.
+
+    A per-node scrape target: with HAProxy in front, GET /metrics through a node's proxy may be answered by
+    an ingress replica on another node, so a node's own numbers need an address of their own. One ingress
+    replica per node serves it; while another process of the node holds the port (two ingress replicas
+    side by side during a redeploy) this one tries again every `retry_s` seconds.
+    """
+    handler = type("NodeMetricsHandler", (_NodeMetricsHandler,), {"directory": directory})
+
+    def serve() -> None:
+        while True:
+            try:
+                server = http.server.ThreadingHTTPServer((host, port), handler)
+            except OSError:
+                time.sleep(retry_s)
+                continue
+            logger.info("node metrics at http://%s:%d/metrics", host, port)
+            server.serve_forever()
+
+    thread = threading.Thread(target=serve, name="node-metrics", daemon=True)
+    thread.start()
+    return thread

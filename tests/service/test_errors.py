@@ -188,3 +188,41 @@ def test_a_wrong_method_is_405(client):
 
 def test_a_missing_static_file_is_404(client):
     assert_error(client.get("/static/no-such-file.js"), 404)
+
+
+def lost_replica_errors() -> list[BaseException]:
+    """What Ray raises at the ingress for a call whose replica went away (real exception objects)."""
+    import grpc
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, NodeDiedError, WorkerCrashedError
+    from ray.serve.exceptions import ReplicaUnavailableError
+
+    broken = grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(), "reset")
+    return [
+        ActorDiedError(),
+        ActorUnavailableError("Actor is unavailable.", None),
+        ReplicaUnavailableError("replica-1"),
+        broken,
+        WorkerCrashedError(),
+        NodeDiedError("node lost"),
+    ]
+
+
+@pytest.mark.parametrize("error", lost_replica_errors(), ids=lambda error: type(error).__name__)
+def test_a_lost_replica_is_sent_again_and_otherwise_answers_503_with_retry_after(error):
+    from service.errors import describe, replica_lost
+
+    assert replica_lost(error)
+    status, code, message, headers = describe(error, retry_after_s=2)
+    assert (status, code, headers) == (503, "unavailable", {"Retry-After": "2"})
+    assert "Actor" not in message and "replica-1" not in message  # no Ray internals in the answer
+
+
+def test_a_cancelled_call_is_not_sent_again():
+    from ray.exceptions import TaskCancelledError
+    from ray.serve.exceptions import RequestCancelledError
+
+    from service.errors import describe, replica_lost
+
+    for error in (RequestCancelledError("r"), TaskCancelledError()):
+        assert not replica_lost(error)
+        assert describe(error)[0] == 503

@@ -105,3 +105,38 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
         assert after.status_code == 200, after.text
         assert after.json()["cross_attention"] == explanation["cross_attention"]
 
+
+
+def en_zh(texts: list[str]) -> dict:
+    return {"texts": texts, "source_lang": "en", "target_lang": "zh", "beam_size": 4, "max_length": 24}
+
+
+def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(service_url, client):
+    # en-zh has two replicas: a request in flight on the one killed is retried on the other (translate is a pure
+    # function of its input), so the clients see only 200s; the ingress counts the calls it sent again
+    from tests.service.prometheus_text import total
+
+    port = urlsplit(service_url).port
+    victim = replica_pids(port, "translate", "translator-en-zh")[0]
+    retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
+    outcome: dict = {}
+    body_for = lambda index: en_zh([f"{ENGLISH[index % len(ENGLISH)]} {index}"])
+    load = threading.Thread(
+        target=lambda: outcome.update(
+            result=asyncio.run(run_load(f"{service_url}/v1/translate", body_for, 400, 6, timeout_s=45, deadline_s=6))
+        )
+    )
+    load.start()
+    time.sleep(1.5)  # requests are in flight on both replicas
+    os.kill(victim, signal.SIGKILL)
+    load.join(timeout=120)
+    assert not load.is_alive(), "requests hung after the replica died"
+    result = outcome["result"]
+    assert_nothing_lost(result)
+    assert result.statuses == {200: result.requests}, result.summary()
+    deadline = time.monotonic() + RECOVERY_S  # the two replicas are back for the tests after this one
+    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:
+        assert time.monotonic() < deadline, "en-zh did not get its second replica back"
+        time.sleep(0.5)
+    retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
+    assert retries >= 1
