@@ -9,6 +9,7 @@ import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,15 +41,19 @@ def test_promtool_accepts_the_shipped_config():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.fixture(scope="module")
-def prometheus(service_url, tmp_path_factory):
-    """Prometheus scraping the test instance every second; yields its base URL."""
-    root = tmp_path_factory.mktemp("prometheus")
+def shipped_job(name: str) -> dict:
+    """A scrape job of deploy/prometheus.yml, by name."""
+    (job,) = [job for job in yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"] if job["job_name"] == name]
+    return job
+
+
+@contextlib.contextmanager
+def prometheus_server(jobs: list[dict], root: Path) -> Iterator[str]:
+    """Debian's Prometheus running deploy/prometheus.yml's global settings with `jobs`, scraping every second;
+    yields its base URL, and stops it by its own process group."""
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     config["global"] = {**config.get("global", {}), "scrape_interval": "1s", "evaluation_interval": "1s"}
-    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == JOB]
-    job["static_configs"] = [{"targets": [urlsplit(service_url).netloc]}]
-    config["scrape_configs"] = [job]
+    config["scrape_configs"] = jobs
     (root / "prometheus.yml").write_text(yaml.safe_dump(config))
     address = f"127.0.0.1:{free_port()}"
     command = [
@@ -70,6 +75,15 @@ def prometheus(service_url, tmp_path_factory):
         yield url
     finally:
         stop_process_group(process, grace_s=10)
+
+
+@pytest.fixture(scope="module")
+def prometheus(service_url, tmp_path_factory):
+    """Prometheus scraping the test instance every second; yields its base URL."""
+    job = shipped_job(JOB)
+    job["static_configs"] = [{"targets": [urlsplit(service_url).netloc]}]
+    with prometheus_server([job], tmp_path_factory.mktemp("prometheus")) as url:
+        yield url
 
 
 def query(prometheus: str, expression: str) -> float | None:
