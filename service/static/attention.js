@@ -290,6 +290,7 @@ export function renderAttention() {
   if (entry) {
     view.method = state.method;
     view.heat = entry.status === "ok" ? buildView(state.view, e.source_tokens, e.target_tokens, entry.data.source, [], null).matrix : null;
+    view.prefix = entry.status === "ok" ? prefixParts(view, entry.data.target) : null;
   }
   state.current = view;
   describeMethod();
@@ -319,6 +320,27 @@ export function loadExplanationAttributions() {
 function onAttributions(method) {
   if (method === state.method) renderAttention();
   else renderSourceShare(state.current);
+}
+
+/**
+ * The target-prefix part of an attribution method, per row of `view`: its share (the row's target sum, a
+ * word's the mean of its pieces') and the prefix token credited most. Column 0 of `target` is the decoder's
+ * start token, column j the target piece j − 1, credited to the token of the view that holds it.
+ */
+function prefixParts(view, target) {
+  const tokenOf = new Map();
+  view.target.forEach((token, row) => token.pieces.forEach((piece) => tokenOf.set(piece, row)));
+  return view.target.map((token) => {
+    const totals = new Map(); // view row (−1: the start token) → its share
+    for (const piece of token.pieces)
+      target[piece].forEach((value, j) => {
+        const key = j === 0 ? -1 : tokenOf.get(j - 1);
+        totals.set(key, (totals.get(key) ?? 0) + value / token.pieces.length);
+      });
+    const share = [...totals.values()].reduce((a, b) => a + b, 0);
+    const [key, value] = [...totals].reduce((best, item) => (item[1] > best[1] ? item : best), [-1, -Infinity]);
+    return { share, top: key === -1 ? t("start_token") : view.target[key].label, value };
+  });
 }
 
 /** Redraw the heatmap alone (numbers on or off), keeping the selection. */
@@ -390,4 +412,9 @@ function applySelection() {
     .map(([value, s]) => `${quote(s)} (${fixed(value, 2)})`)
     .join(", ");
   summary.textContent = t("selection", { target: view.target[row].label, aligned: [...aligned].map(quote).join(", ") || "—", top });
+  const prefix = view.prefix?.[row];
+  if (prefix) {
+    const values = { method: t(`method_${view.method}`), prefix: percent(prefix.share), top: `“${prefix.top}” (${percent(prefix.value)})` };
+    summary.append(" ", el("span", { id: "prefix-summary" }, t("selection_prefix", values)));
+  }
 }

@@ -506,10 +506,19 @@ def test_the_method_switch_draws_the_apis_attributions_and_switching_back_restor
         assert "target prefix" in page.inner_text("#legend-note")
         assert "target prefix" in page.inner_text("#heatmap-help")
         assert page.inner_text("#method-status") == ""
+        # The selected token's target-prefix part, in the summary: its share (the target row's sum).
+        last = target_count - 1
+        page.click(f"#heatmap button.tok-target[data-t='{last}']")
+        prefix = page.inner_text("#prefix-summary")
+        shown = re.search(r"(<?)(\d+(?:\.\d)?)% of it came from the target prefix", prefix)
+        assert shown, prefix
+        share = sum(expected["target"][last])
+        assert float(shown[2]) == pytest.approx(100 * share, abs=0.1 if share < 0.1 else 0.5), prefix
         look_at(page, f"method-{method}-light-en")
 
     choose_method(page, "attention")
     assert shown_cells(page) == attention_cells
+    assert page.locator("#prefix-summary").count() == 0
     assert page.inner_text("#legend-note") == attention_legend
     assert page.locator("#method-note").is_hidden()
     # ALTI+ was asked once (the source share's answer drew its heatmap too); attention needs no request.
