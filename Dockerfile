@@ -19,9 +19,11 @@ FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 
-# Ray Serve's high-throughput mode (HAProxy ingress, direct gRPC between replicas): README "Running the service".
+# Ray Serve's high-throughput mode (HAProxy ingress, direct gRPC between replicas): README "Running the service";
+# HAProxy sends a request whose ingress was lost (a node gone) to another one: README "Scaling out".
 ENV RAY_SERVE_ENABLE_HA_PROXY=1 \
-    RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+    RAY_SERVE_THROUGHPUT_OPTIMIZED=1 \
+    RAY_SERVE_HAPROXY_RETRY_ON="conn-failure empty-response"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
