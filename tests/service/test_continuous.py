@@ -177,3 +177,16 @@ def test_a_client_that_disconnects_stops_its_decode(continuous_url):
         time.sleep(0.2)
     assert metric(continuous_url, "translation_cancelled_texts_total") == cancelled_before + 1
     assert metric(continuous_url, "translation_decoder_rows") == 0
+
+
+def test_a_streams_result_carries_the_source_shares_asked_for(continuous_url, service_url):
+    """source_share on /v1/translate/stream: the result event carries what /v1/translate returns for the text,
+    whether the tokens were streamed (continuous, greedy) or not (static)."""
+    body = {**EN_ZH, "texts": ["I like green tea."], "beam_size": 1, "source_share": True}
+    for url in (continuous_url, service_url):
+        *_, result = stream(url, dict(body))
+        translation = result["translation"]
+        expected = translate(url, dict(body)).json()["translations"][0]
+        assert len(translation["token_source_shares"]) == len(translation["target_tokens"])
+        assert translation["token_source_shares"] == pytest.approx(expected["token_source_shares"], abs=1e-6)
+        assert translation["source_share"] == pytest.approx(expected["source_share"], abs=1e-6)
