@@ -9,17 +9,21 @@ explanation id, scores equal to float rounding.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from service.client import AsyncTranslationClient, ServiceError, TranslationClient
 from tests.service.conftest import CONTINUOUS, serve_config_for_tests, serve_started
+from tests.service.replica_processes import replica_pids
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
 SHIPPED = "en-zh-shipped"
@@ -190,3 +194,30 @@ def test_a_streams_result_carries_the_source_shares_asked_for(continuous_url, se
         assert len(translation["token_source_shares"]) == len(translation["target_tokens"])
         assert translation["token_source_shares"] == pytest.approx(expected["token_source_shares"], abs=1e-6)
         assert translation["source_share"] == pytest.approx(expected["source_share"], abs=1e-6)
+
+
+def test_a_stream_whose_replica_dies_mid_answer_ends_with_an_error_event(continuous_url):
+    """The answer has begun (200, tokens sent) when the only replica of the model is killed: the stream is not
+    started again (the client has tokens already) and does not hang; its last event is an `error` event with the
+    JSON error object, and the model serves again once Serve has replaced the replica."""
+    port = urlsplit(continuous_url).port
+    (victim,) = replica_pids(port, "translate", f"translator-{SHIPPED}")
+    text = "The old railway station in the mountains was closed last winter."
+    with TranslationClient(continuous_url, timeout=60) as client:
+        events = client.translate_stream(text, model=SHIPPED, beam_size=1, min_length=250, max_length=256)
+        seen = [next(events) for _ in range(3)]  # start and two tokens
+        assert [e["type"] for e in seen] == ["start", "token", "token"], seen
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        rest = list(events)
+    assert time.monotonic() - started < 30, "the stream hung after its replica died"
+    assert rest and rest[-1]["type"] == "error", rest[-3:]
+    assert rest[-1]["error"]["code"] and rest[-1]["error"]["message"]
+    assert all(event["type"] == "token" for event in rest[:-1])
+    deadline = time.monotonic() + 90
+    while True:
+        response = translate(continuous_url, {"model": SHIPPED, "texts": ["I like tea."]})
+        if response.status_code == 200:
+            break
+        assert response.status_code == 503 and time.monotonic() < deadline, response.text
+        time.sleep(1)
