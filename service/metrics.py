@@ -103,7 +103,10 @@ class ServiceMetrics:
             "translation_source_length_tokens", "Source tokens per text.", ["model"], buckets=TOKEN_BUCKETS
         )
         self.forced_decodes = Counter(
-            "translation_forced_decodes", "Forced decodes run for explanations, by kind.", ["model", "kind"]
+            "translation_forced_decodes",
+            "Forced decodes run for explanations and attributions, by kind: explanation, explain, source_share, "
+            "or the attribution method.",
+            ["model", "kind"],
         )
         self.decoder_rows = Gauge(
             "translation_decoder_rows",

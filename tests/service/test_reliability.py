@@ -108,7 +108,10 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
 
 
 def en_zh(texts: list[str]) -> dict:
-    return {"texts": texts, "source_lang": "en", "target_lang": "zh", "beam_size": 4, "max_length": 24}
+    # at least 96 decoding steps per text: every call lasts long enough that the killed replica has some in flight
+    # (with 24-step texts on an idle machine the kill could fall between calls and nothing was sent again)
+    options = {"beam_size": 4, "min_length": 96, "max_length": 120}
+    return {"texts": texts, "source_lang": "en", "target_lang": "zh", **options}
 
 
 def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(service_url, client):
