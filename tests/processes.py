@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -83,8 +84,15 @@ def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None
         process.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace_s)
-    for pid in [process.pid, *session_pids(process.pid)]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    # Again until the session is empty: a process can start while the others are killed (Serve's HAProxy manager
+    # restarting its haproxy), and one left behind holds its ports with nothing to stop it later.
+    for _ in range(20):
+        lingering = [process.pid, *session_pids(process.pid)] if process.poll() is None else session_pids(process.pid)
+        if not lingering:
+            break
+        for pid in lingering:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.25)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.processes import serve_environment
+from tests.processes import serve_environment, stop_process_group
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,17 +184,9 @@ def _serve_command(config_path: Path) -> list[str]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """Ctrl-C for `serve run` (it shuts Serve and Ray down), then its own process group if it lingers."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the group this fixture created (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Ctrl-C for `serve run` (it shuts Serve and Ray down), then every process left in its OS session: killing
+    only its process group left Serve's haproxy (a group of its own) running, orphaned, after the tests."""
+    stop_process_group(process)
 
 
 @pytest.fixture(scope="session")
