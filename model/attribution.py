@@ -318,12 +318,12 @@ def alti_plus(model: Transformer, pair: _Pair) -> tuple[Tensor, Tensor]:
     attend = pair.mask[:, None, None, :]
     encoder_rollout = None
     for layer in model.encoder_layers:
-        _, weights = layer.self_attn(x, *layer.self_attn.project_key_value(x), attend, need_weights=True)
+        layer_input = x[0].float()
+        x, weights = layer(x, attend, True)  # the layer's output and the self-attention weights it used
         contributions = block_contributions(
-            layer.self_attn, layer.self_attn_layer_norm, weights[0].float(), x[0].float(), x[0].float(), True
+            layer.self_attn, layer.self_attn_layer_norm, weights[0].float(), layer_input, layer_input, True
         )  # (S, S)
         encoder_rollout = contributions if encoder_rollout is None else contributions @ encoder_rollout
-        x, _ = layer(x, attend, False)
     encoder = EncoderOutput(x, pair.mask)
 
     y = model.embed(model.decoder_embed_tokens, pair.decoder_input)  # (1, T, d)
