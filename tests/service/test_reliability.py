@@ -143,3 +143,46 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
         time.sleep(0.5)
     retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
     assert retries >= 1
+
+
+def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_again(service_url, client):
+    # A beam-search stream sends nothing until its translation is decoded (its first event, "start", comes with
+    # the result), so a stream in flight on a killed replica is started again on the other one, as a unary call
+    # is: every stream ends with its result, none with an `error` event, and the ingress counts what it resent.
+    from service.client import AsyncTranslationClient
+    from tests.service.prometheus_text import total
+
+    port = urlsplit(service_url).port
+    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:  # the test before may still be replacing one
+        time.sleep(0.5)
+    victim = replica_pids(port, "translate", "translator-en-zh")[0]
+    retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
+    options = en_zh([])
+    options.pop("texts")
+
+    async def worker(http: AsyncTranslationClient, number: int, until: float) -> list[list[str]]:
+        outcomes = []
+        while time.monotonic() < until:  # streams one after another, so some are always in flight
+            text = f"{ENGLISH[number % len(ENGLISH)]} {number} {len(outcomes)}"
+            try:
+                outcomes.append([event["type"] async for event in http.translate_stream(text, **options)])
+            except Exception as error:  # an HTTP error or a broken stream: recorded, never lost
+                outcomes.append([repr(error)])
+        return outcomes
+
+    async def streams() -> list:
+        async with AsyncTranslationClient(service_url, timeout=90, max_retries=0) as http:
+            until = time.monotonic() + 6
+            tasks = [asyncio.create_task(worker(http, number, until)) for number in range(6)]
+            await asyncio.sleep(1.5)  # streams are decoding on both replicas
+            os.kill(victim, signal.SIGKILL)
+            return [outcome for outcomes in await asyncio.gather(*tasks) for outcome in outcomes]
+
+    outcomes = asyncio.run(streams())
+    assert outcomes and all(outcome == ["start", "result"] for outcome in outcomes), outcomes
+    retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
+    assert retries >= 1
+    deadline = time.monotonic() + RECOVERY_S  # the two replicas are back for the tests after this one
+    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:
+        assert time.monotonic() < deadline, "en-zh did not get its second replica back"
+        time.sleep(0.5)
