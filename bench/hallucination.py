@@ -3,6 +3,8 @@ unrelated sentence? One run, a table and bench/results/hallucination.json.
 
     python -m bench.hallucination                    # both shipped models, the 1,000 Tatoeba dev pairs
     python -m bench.hallucination --limit 200        # a quicker look
+    python -m bench.hallucination --limit 150 --steps 16 --output bench/results/hallucination-methods.json \
+        --methods saliency input_x_gradient integrated_gradients value_zeroing alti_plus
 
 For each dev source: its reference (a true pair), another source's reference (a mismatched pair: a
 derangement of the references, seeded), and the model's own beam-4 translation. Each pair is force-decoded:
@@ -10,6 +12,12 @@ the sentence's source share (mean over its target tokens, </s> included, of ALTI
 as the baseline a detector must beat, the model's length-normalised log-probability (mean token
 log-probability). ROC AUC of each score at ranking true above mismatched pairs, and own translations
 above mismatched pairs.
+
+--methods measures several attribution methods' source shares side by side (default ALTI+ alone, the
+report's `source_share`), each under the sentence-level aggregations of AGGREGATIONS: the mean over all
+tokens (as above), and, </s> left out, the mean, the minimum and the mean over the last half of the
+tokens (hallucinations tend to detach late). Each is read as "higher = more source = a true pair"; an
+AUC under 0.5 means mismatched pairs score higher, the opposite of the hypothesis.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
+from model.attribution import MAX_GRADIENT_WORK, METHODS  # noqa: E402
 from model.data import read_pairs  # noqa: E402
 from model.translator import Translator  # noqa: E402
 
@@ -58,14 +67,61 @@ def derangement(count: int, seed: int) -> list[int]:
             return order
 
 
-def pair_scores(translator: Translator, source: str, target_ids: list[int]) -> dict:
+def _last_half(shares: list[float]) -> float:
+    half = shares[len(shares) // 2 :]
+    return sum(half) / len(half)
+
+
+def _without_eos(shares: list[float]) -> list[float]:
+    return shares[:-1] or shares  # a target of </s> alone keeps it
+
+
+# Sentence-level source share from the per-token shares (</s> last): the aggregations the literature uses.
+AGGREGATIONS = {
+    "mean": lambda shares: sum(shares) / len(shares),
+    "mean_no_eos": lambda shares: sum(_without_eos(shares)) / len(_without_eos(shares)),
+    "min_no_eos": lambda shares: min(_without_eos(shares)),
+    "last_half_no_eos": lambda shares: _last_half(_without_eos(shares)),
+}
+
+
+def _steps_for(method: str, steps: int | None, source_ids: list[int], target_ids: list[int]) -> int | None:
+    """Integrated gradients' steps, lowered to what model.attribution allows for a long pair."""
+    if method != "integrated_gradients":
+        return None
+    tokens = len(source_ids) + len(target_ids)
+    wanted = steps or 50
+    return max(1, min(wanted, MAX_GRADIENT_WORK // (len(target_ids) * tokens)))
+
+
+def pair_scores(
+    translator: Translator, source: str, target_ids: list[int], methods: list[str], steps: int | None, seconds: dict
+) -> dict:
     source_ids = translator.tokenizer.encode_source(source)
-    shares = translator.attribute(source_ids, target_ids, "alti_plus").source_share
+    scores = {}
+    for method in methods:
+        started = time.perf_counter()
+        pair_steps = _steps_for(method, steps, source_ids, target_ids)
+        shares = translator.attribute(source_ids, target_ids, method, pair_steps).source_share.tolist()
+        seconds[method] = seconds.get(method, 0.0) + time.perf_counter() - started
+        if pair_steps is not None and pair_steps < (steps or 50):
+            seconds["integrated_gradients_fewer_steps"] = seconds.get("integrated_gradients_fewer_steps", 0) + 1
+        for aggregation, aggregate in AGGREGATIONS.items():
+            scores[f"{method}/{aggregation}"] = aggregate(shares)
     logprobs = translator.explain(source_ids, target_ids).token_logprobs
-    return {"source_share": float(shares.mean()), "logprob": sum(logprobs) / len(logprobs)}
+    scores["logprob"] = sum(logprobs) / len(logprobs)
+    return scores
 
 
-def measure(name: str, pairs: list[tuple[str, str]], seed: int) -> dict:
+def _separation(values: dict[str, list[float]]) -> dict:
+    return {
+        "auc_true_vs_mismatched": round(roc_auc(values["true"], values["mismatched"]), 4),
+        "auc_own_vs_mismatched": round(roc_auc(values["own"], values["mismatched"]), 4),
+        "mean": {kind: round(sum(v) / len(v), 4) for kind, v in values.items()},
+    }
+
+
+def measure(name: str, pairs: list[tuple[str, str]], seed: int, methods: list[str], steps: int | None) -> dict:
     translator = Translator.from_pretrained(name, device="cpu")
     sources = [source for source, _ in pairs]
     references = [reference for _, reference in pairs]
@@ -77,19 +133,29 @@ def measure(name: str, pairs: list[tuple[str, str]], seed: int) -> dict:
         "mismatched": [translator.tokenizer.encode_target(t) for t in mismatched],
         "own": own,
     }
-    scores = {
-        kind: [pair_scores(translator, source, ids) for source, ids in zip(sources, targets)]
-        for kind, targets in kinds.items()
-    }
+    method_seconds: dict = {}
+    scores = {}
+    for kind, targets in kinds.items():
+        scores[kind] = [
+            pair_scores(translator, source, ids, methods, steps, method_seconds)
+            for source, ids in zip(sources, targets)
+        ]
+        print(f"{name}: {kind} pairs done, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     seconds = time.perf_counter() - started
+
+    def separation(score: str) -> dict:
+        return _separation({kind: [item[score] for item in items] for kind, items in scores.items()})
+
     report = {"pairs": len(pairs), "seconds": round(seconds, 1)}
-    for score in ("source_share", "logprob"):
-        values = {kind: [item[score] for item in items] for kind, items in scores.items()}
-        report[score] = {
-            "auc_true_vs_mismatched": round(roc_auc(values["true"], values["mismatched"]), 4),
-            "auc_own_vs_mismatched": round(roc_auc(values["own"], values["mismatched"]), 4),
-            "mean": {kind: round(sum(v) / len(v), 4) for kind, v in values.items()},
-        }
+    if "alti_plus" in methods:
+        report["source_share"] = separation("alti_plus/mean")  # the issue's signal, as before --methods
+    report["logprob"] = separation("logprob")
+    report["methods"] = {
+        method: {aggregation: separation(f"{method}/{aggregation}") for aggregation in AGGREGATIONS}
+        for method in methods
+    }
+    report["integrated_gradients_fewer_steps"] = method_seconds.pop("integrated_gradients_fewer_steps", 0)  # pairs
+    report["method_seconds"] = {method: round(value, 1) for method, value in method_seconds.items()}
     return report
 
 
@@ -100,20 +166,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N dev pairs")
     parser.add_argument("--seed", type=int, default=0, help="seed of the mismatched pairing")
     parser.add_argument("--output", type=Path, default=RESULTS / "hallucination.json")
+    parser.add_argument(
+        "--methods", nargs="+", choices=METHODS, default=["alti_plus"], help="attribution methods, side by side"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="integrated gradients' steps (default 50; fewer for a long pair)"
+    )
     args = parser.parse_args(argv)
     results = {}
     for name in args.models:
         pairs = read_pairs(str(args.data), *COLUMNS[name])[: args.limit]
-        results[name] = measure(name, pairs, args.seed)
+        results[name] = measure(name, pairs, args.seed, args.methods, args.steps)
         print_row(name, results[name])
+    if args.methods != ["alti_plus"]:
+        print_methods(results)
     report = {"command": "python -m bench.hallucination " + " ".join(argv or sys.argv[1:]), "models": results}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
+def print_methods(results: dict) -> None:
+    """ROC AUC per method × aggregation (rows) and model × comparison (columns)."""
+    columns = [(name, comparison) for name in results for comparison in ("true", "own")]
+    print(f"{'source share':<40}" + "".join(f"{name + ' ' + kind + '/mism':>18}" for name, kind in columns))
+    rows = [("logprob (baseline)", lambda result: result["logprob"])]
+    for method in next(iter(results.values()))["methods"]:
+        for aggregation in AGGREGATIONS:
+            rows.append((f"{method} {aggregation}", lambda result, m=method, a=aggregation: result["methods"][m][a]))
+    for label, pick in rows:
+        cells = [pick(results[name])[f"auc_{kind}_vs_mismatched"] for name, kind in columns]
+        print(f"{label:<40}" + "".join(f"{cell:>18.3f}" for cell in cells))
+
+
 def print_row(name: str, result: dict) -> None:
-    share, logprob = result["source_share"], result["logprob"]
+    logprob = result["logprob"]
+    if "source_share" not in result:
+        print(f"{name}: {result['pairs']} pairs, {result['seconds']} s, per method {result['method_seconds']}")
+        return
+    share = result["source_share"]
     print(
         f"{name}: {result['pairs']} pairs, {result['seconds']} s | ROC AUC true vs mismatched: "
         f"source share {share['auc_true_vs_mismatched']:.3f}, log-prob {logprob['auc_true_vs_mismatched']:.3f} | "
