@@ -31,7 +31,7 @@ from model.transformer import Transformer
 logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 
 
 def pretrained_names() -> list[str]:
@@ -51,6 +51,12 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     raise UnknownModelError(
         f"no model directory at {str(name_or_path)!r}; shipped models: {', '.join(pretrained_names()) or 'none'}"
     )
+
+
+def _precision(model: Transformer) -> str:
+    if model.int8:
+        return "int8"
+    return str(model.output_weight.dtype).removeprefix("torch.")
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
@@ -184,9 +190,17 @@ class Translator:
     """A loaded model plus its tokenizer, ready to translate batches of text."""
 
     def __init__(
-        self, model: Transformer, tokenizer: MarianTokenizer, name: str = "model", weights_digest: str = ""
+        self,
+        model: Transformer,
+        tokenizer: MarianTokenizer,
+        name: str = "model",
+        weights_digest: str = "",
+        exact_model: Transformer | None = None,
     ) -> None:
-        self.model = model
+        self.model = model  # what decodes (translate, generate, submit)
+        # What explains (explain, attention_steps, attribute): the decoding model itself, except under int8
+        # weights, whose explanations come from the same checkpoint in fp32 (see from_pretrained).
+        self.exact_model = exact_model if exact_model is not None else model
         self.tokenizer = tokenizer
         self.name = name
         self.weights_digest = weights_digest
@@ -201,8 +215,15 @@ class Translator:
     ) -> Translator:
         """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available).
 
-        dtype: a torch dtype or its name ("float32", "bfloat16", "float16"); None is float32. On a GPU a
-        half dtype runs natively; on the CPU it stores the matrices in it around fp32 activations.
+        dtype: a torch dtype or its name ("float32", "bfloat16", "float16", "int8"); None is float32. On a GPU
+        a half dtype runs natively; on the CPU it stores the matrices in it around fp32 activations.
+
+        "int8" (torch.int8; CPU only) decodes with int8 weights quantized at load time from the fp32
+        safetensors and int8 activations quantized per matmul (Transformer.quantize_int8), the best
+        candidates' logits recomputed in fp32. Explanations (`explain`, `attention_steps`, `attribute`)
+        then run the same checkpoint in fp32 (`exact_model`) over the tokens the int8 search chose:
+        their maps and arithmetic are the exact model's, which may differ from the int8 numbers
+        `translate` returned with its alignments by quantization error (see README, Fast modes).
         """
         directory = resolve_model_path(name_or_path)
         if isinstance(dtype, str):
@@ -211,7 +232,13 @@ class Translator:
             dtype = DTYPE_NAMES[dtype]
         dtype = dtype or torch.float32
         target = pick_device(device)
-        if target.type == "cuda" and dtype != torch.float32:
+        exact_model = None
+        if dtype == torch.int8:
+            if target.type != "cpu":
+                raise InvalidInputError("dtype int8 runs on the CPU only; use bfloat16 or float16 on a GPU")
+            model = load_model(directory).quantize_int8()
+            exact_model = load_model(directory)
+        elif target.type == "cuda" and dtype != torch.float32:
             # A GPU runs half precision natively (weights, activations and cache in dtype; log-softmax in
             # fp32): the CPU's mode (bf16 matrices around fp32 activations, see Transformer.cast_weights)
             # would add a cast around every matmul there.
@@ -226,11 +253,21 @@ class Translator:
                 model.config.eos_token_id,
             )
         digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
-        return cls(model, tokenizer, name=directory.name, weights_digest=digest)
+        return cls(model, tokenizer, name=directory.name, weights_digest=digest, exact_model=exact_model)
 
     @property
     def device(self) -> torch.device:
         return self.model.final_logits_bias.device
+
+    @property
+    def precision(self) -> str:
+        """How decoding stores its matrices: "float32", "bfloat16", "float16" or "int8"."""
+        return _precision(self.model)
+
+    @property
+    def explanation_precision(self) -> str:
+        """The same for explanations: "float32" under int8 decoding (exact_model), else `precision`."""
+        return _precision(self.exact_model)
 
     @property
     def alignment_layer(self) -> int:
@@ -446,7 +483,7 @@ class Translator:
     def explain(self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False) -> Explanation:
         """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
         `translate` gave for that output, plus (encoder_attention) the encoder's self-attention."""
-        decoded = forced_decode(self.model, list(source_ids), list(target_ids), encoder_attention)
+        decoded = forced_decode(self.exact_model, list(source_ids), list(target_ids), encoder_attention)
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
@@ -475,7 +512,7 @@ class Translator:
         """How much each source token and each earlier target token made each of `target_ids` (eos
         included): one of model.attribution.METHODS; `steps` for integrated gradients."""
         unknown_ids = (self.tokenizer.source_unk_id, self.tokenizer.target_unk_id)
-        return attribute(self.model, list(source_ids), list(target_ids), method, unknown_ids, steps)
+        return attribute(self.exact_model, list(source_ids), list(target_ids), method, unknown_ids, steps)
 
     def attention_steps(
         self, source_ids: list[int], target_ids: list[int], kind: str, layer: int | None, head: int, position: int
@@ -484,4 +521,4 @@ class Translator:
         for cross-attention, the last encoder layer for encoder self-attention)."""
         if layer is None:
             layer = self.alignment_layer if kind == "cross" else self.config.encoder_layers - 1
-        return attention_steps(self.model, list(source_ids), list(target_ids), kind, layer, head, position)
+        return attention_steps(self.exact_model, list(source_ids), list(target_ids), kind, layer, head, position)
