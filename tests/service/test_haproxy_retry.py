@@ -23,6 +23,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -121,8 +122,10 @@ def haproxy_binary() -> str:
     return get_haproxy_binary()
 
 
-def serve_haproxy(folder: Path, retry_on: str, servers: list[int]) -> tuple[subprocess.Popen, int, str]:
-    """Serve's HAProxy config for `retry_on` (rendered by Serve), and the real HAProxy running it."""
+@contextlib.contextmanager
+def serve_haproxy(folder: Path, retry_on: str, servers: list[int]) -> Iterator[tuple[int, str]]:
+    """Serve's HAProxy config for `retry_on` (rendered by Serve), and the real HAProxy running it: (port, config).
+    The HAProxy process is killed on the way out, whatever happened."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     environment = {**os.environ, "RAY_SERVE_HAPROXY_RETRY_ON": retry_on, "RAY_SERVE_HAPROXY_LOG_TARGET": "stdout"}
@@ -139,18 +142,22 @@ def serve_haproxy(folder: Path, retry_on: str, servers: list[int]) -> tuple[subp
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 20
-    while True:  # listening, and both stand-ins are UP (health checks passed): /-/healthz answers 200
-        assert process.poll() is None, process.stderr.read().decode()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, config
-        time.sleep(0.2)
-    time.sleep(1.0)  # rise 2: a second round of checks for the second server
-    return process, port, config
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # listening, and a stand-in is UP (health checks passed): /-/healthz answers 200
+            assert process.poll() is None, process.stderr.read().decode()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, config
+            time.sleep(0.2)
+        time.sleep(1.0)  # rise 2: a second round of checks, for the second server
+        yield port, config
+    finally:
+        process.kill()
+        process.wait()
 
 
 def post_each_on_a_new_connection(port: int, count: int) -> list[str]:
@@ -177,12 +184,8 @@ def ingresses():
 @pytest.mark.parametrize("retry_on", [HAPROXY_RETRY_ON, SERVE_DEFAULT_RETRY_ON], ids=["ours", "retry-on alone"])
 def test_a_post_whose_ingress_dies_is_answered_by_another_ingress(ingresses, tmp_path, retry_on):
     lost, healthy = ingresses
-    process, port, config = serve_haproxy(tmp_path / "haproxy", retry_on, [lost.port, healthy.port])
-    try:
+    with serve_haproxy(tmp_path / "haproxy", retry_on, [lost.port, healthy.port]) as (port, config):
         outcomes = post_each_on_a_new_connection(port, 12)
-    finally:
-        process.kill()
-        process.wait()
     assert lost.posts >= 3, (lost.posts, outcomes)  # HAProxy did send requests to the dying ingress
     if retry_on == HAPROXY_RETRY_ON:
         assert "option http-buffer-request" in config.split("defaults", 1)[1].split("frontend", 1)[0]
