@@ -28,7 +28,11 @@ class ModelSpec(BaseModel):
     )
     source_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
     target_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
-    dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16)$", description="Weights' dtype on the device.")
+    dtype: str = Field(
+        "float32",
+        pattern=r"^(float32|bfloat16|float16|int8)$",
+        description="Weights' dtype on the device. int8 (CPU only): int8 decoding, explanations from the fp32 weights.",
+    )
 
     @property
     def expanded_path(self) -> str:

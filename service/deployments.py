@@ -109,6 +109,8 @@ class TranslatorDeployment:
             "target_lang": self.spec.target_lang,
             "weights_digest": self.translator.weights_digest,
             "device": str(self.translator.device),
+            "precision": self.translator.precision,
+            "explanation_precision": self.translator.explanation_precision,
             "encoder_layers": config.encoder_layers,
             "decoder_layers": config.decoder_layers,
             "encoder_attention_heads": config.encoder_attention_heads,

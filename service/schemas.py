@@ -309,6 +309,16 @@ class ModelInfo(BaseModel):
     target_lang: str
     weights_digest: str = Field(description="First 16 hex digits of the SHA-256 of model.safetensors.")
     device: str
+    precision: str = Field(
+        "float32",
+        description="How translations are decoded: float32 (exact), bfloat16, float16 or int8 (the model's dtype).",
+    )
+    explanation_precision: str = Field(
+        "float32",
+        description="How explanations (/v1/explain, /v1/explanations) are computed. Under int8 decoding: float32, "
+        "by forced decoding of the tokens the int8 search chose; their maps may differ from the alignments and "
+        "attention /v1/translate returned (those are the int8 search's) by quantization error.",
+    )
     encoder_layers: int
     decoder_layers: int
     encoder_attention_heads: int
