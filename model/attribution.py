@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.errors import InputTooLongError, InvalidInputError
-from model.explain import _check_ids
+from model.explain import _check_ids, teacher_forcing_inputs
 from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "value_zeroing", "alti_plus")
@@ -99,13 +99,8 @@ def attribute(
                 f"token-rows of work, more than the {MAX_GRADIENT_WORK} allowed: "
                 + (f"ask at most {fitting} steps for this pair" if fitting else "this pair is too long for it")
             )
-    device = model.final_logits_bias.device
-    start = model.config.decoder_start_token_id
-    pair = _Pair(
-        torch.tensor([source_ids], device=device),
-        torch.tensor([[start, *target_ids[:-1]]], device=device),
-        torch.tensor(target_ids, device=device),
-    )
+    source_tensor, _, decoder_input = teacher_forcing_inputs(model, source_ids, target_ids)
+    pair = _Pair(source_tensor, decoder_input, torch.tensor(target_ids, device=source_tensor.device))
     if method == "alti_plus":
         source, target = alti_plus(model, pair)
     elif method == "value_zeroing":

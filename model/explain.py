@@ -73,6 +73,15 @@ def _check_ids(model: Transformer, source_ids: list[int], target_ids: list[int])
         raise InvalidInputError("token id outside the vocabulary")
 
 
+def teacher_forcing_inputs(model: Transformer, source_ids: list[int], target_ids: list[int]) -> tuple[Tensor, ...]:
+    """What a forced decode feeds the model, on its device: the source ids (1, S), their mask (1, S) and the
+    decoder inputs (1, T), the start token followed by every target id but the last."""
+    device = model.final_logits_bias.device
+    source = torch.tensor([source_ids], device=device)
+    decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target_ids[:-1]]], device=device)
+    return source, torch.ones_like(source, dtype=torch.bool), decoder_input
+
+
 @torch.inference_mode()
 def forced_decode(
     model: Transformer, source_ids: list[int], target_ids: list[int], encoder_attention: bool = True
@@ -80,11 +89,8 @@ def forced_decode(
     """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs
     (and, with encoder_attention, the encoder's self-attention; it is not computed otherwise)."""
     _check_ids(model, source_ids, target_ids)
-    config = model.config
     device = model.final_logits_bias.device
-    source = torch.tensor([source_ids], device=device)
-    mask = torch.ones_like(source, dtype=torch.bool)
-    decoder_input = torch.tensor([[config.decoder_start_token_id, *target_ids[:-1]]], device=device)
+    source, mask, decoder_input = teacher_forcing_inputs(model, source_ids, target_ids)
     encoder = model.encode(source, mask, need_weights=encoder_attention)
     hidden, cross = model.decode(decoder_input, encoder, need_weights=True)
     logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
@@ -123,10 +129,7 @@ def attention_steps(
         if not isinstance(value, int) or not 0 <= value < limit:
             raise InvalidInputError(f"{name} must be between 0 and {limit - 1}")
 
-    device = model.final_logits_bias.device
-    source = torch.tensor([source_ids], device=device)
-    mask = torch.ones_like(source, dtype=torch.bool)
-    decoder_input = torch.tensor([[config.decoder_start_token_id, *target_ids[:-1]]], device=device)
+    source, mask, decoder_input = teacher_forcing_inputs(model, source_ids, target_ids)
     captured: list[Tensor] = []
     if kind == "cross":
         attention: MultiHeadAttention = model.decoder_layers[layer].encoder_attn
