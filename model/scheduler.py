@@ -6,8 +6,8 @@ cross-attention keys/values join the cache), then runs one decoder step for ever
 advances each request's search on its own rows; a request that is done leaves at once and its
 rows are freed for the next step. A request with beam size k holds k rows (greedy: one).
 
-Exactness: each request's search is `model.search._beam` for one input (the same tensor
-operations, the same tie-breaking, the same back-tracking), and the rows of other requests
+Exactness: each request's search is `model.search._beam` for one input (both step through
+`model.search.beam_step`, with the same tie-breaking and the same back-tracking), and the rows of other requests
 only add masked positions to its attention (weight exactly 0), so its ids, scores and
 attention equal decoding it alone, up to float summation order (tests/model/test_scheduler.py).
 
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.search import NEG_INF, Hypothesis, _backtrack, _captured, _next_logprobs, _Step, length_budget
+from model.search import BeamState, Hypothesis, _backtrack, _captured, _next_logprobs, _Step, beam_step, length_budget
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -48,11 +48,7 @@ class DecodeRequest:
     alignment_rows: bool = False  # keep the scheduler's alignment head's rows (Hypothesis.alignment_attention)
     # search state (see model.search._beam, here for one input)
     step: int = 0
-    running_scores: Tensor | None = None  # (1, k)
-    finished_scores: Tensor | None = None  # (1, k)
-    finished_done: Tensor | None = None
-    finished_ref: Tensor | None = None
-    improvable: bool = True
+    state: BeamState | None = None  # for this one input (G = 1)
     steps: list[_Step] = field(default_factory=list)
     run_source_row: Tensor | None = None
     run_token: Tensor | None = None
@@ -440,12 +436,7 @@ class Scheduler:
         start = torch.full((int(repeat.sum()),), self.config.decoder_start_token_id, device=self.device)
         self.last_tokens = torch.cat([self.last_tokens, start])
         for request in joining:
-            k = request.beams
-            request.running_scores = torch.full((1, k), NEG_INF, device=self.device)
-            request.running_scores[:, 0] = 0.0
-            request.finished_scores = torch.full((1, k), NEG_INF, device=self.device)
-            request.finished_done = torch.zeros((1, k), dtype=torch.bool, device=self.device)
-            request.finished_ref = torch.full((1, k), -1, dtype=torch.long, device=self.device)
+            request.state = BeamState.start(1, request.beams, self.device)
         self.running.extend(joining)
 
     def _advance_group(
@@ -456,63 +447,41 @@ class Scheduler:
         attention: Tensor | None,
         alignment: Tensor | None,
     ) -> list[tuple[Tensor, Tensor] | None]:
-        """One step of `model.search._beam` for G requests of beam size k, each on its own k rows of logits.
-
-        The static search's step for a batch of G inputs, except that every input is at its own step
-        with its own length budget, minimum length and length penalty. Per request: the rows (0..k-1)
+        """One step of beam search (`model.search.beam_step`) for G requests of beam size k, each on its own
+        k rows of logits: the static search's step for a batch of G inputs, except that every input is at its
+        own step with its own length budget, minimum length and length penalty. Per request: the rows (0..k-1)
         the next step continues and their tokens, or None when it is done.
         """
         config, device = self.config, self.device
         requests = [request for _, request in members]
-        count = len(requests)
         rows = torch.cat([torch.arange(first, first + k) for first, _ in members]).to(device)  # (G·k,)
         group_logits = logits.index_select(0, rows)
-        vocab = group_logits.size(-1)
         steps = [request.step for request in requests]
         ending = [request.budget <= step + 1 for request, step in zip(requests, steps, strict=True)]
         banned = [step + 1 < request.options.min_new_tokens for request, step in zip(requests, steps, strict=True)]
         # the static search's constraints, each request's rows under its own step, minimum length and budget
         logprobs = _next_logprobs(group_logits, _rows_of(banned, k), _rows_of(ending, k), config)
-        running_scores = torch.cat([request.running_scores for request in requests])  # (G, k)
-        total = (logprobs.view(count, k, vocab) + running_scores[:, :, None]).view(count, k * vocab)
-        top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (G, 2k)
-        beam = top_index // vocab
-        token = top_index % vocab
-        item_rows = torch.arange(count, device=device)[:, None]
-        token_logprob = logprobs[item_rows * k + beam, token]
-        hits = (token == config.eos_token_id) | torch.tensor(ending, device=device)[:, None]
-        next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
-
         # length normalisation per request: the divisor is the static search's float(step + 1) ** penalty
         penalties = [request.options.length_penalty for request in requests]
         divisor = torch.tensor(
             [[float(step + 1) ** penalty] for penalty, step in zip(penalties, steps, strict=True)], device=device
         )
-        finished_scores = torch.cat([request.finished_scores for request in requests])
-        finished_done = torch.cat([request.finished_done for request in requests])
-        finished_ref = torch.cat([request.finished_ref for request in requests])
-        improvable = torch.tensor([request.improvable for request in requests], device=device)
-        first_k = torch.arange(2 * k, device=device) < k
-        eligible = hits & first_k & improvable[:, None] & ~finished_done.all(dim=1, keepdim=True)
-        candidate = torch.where(eligible, top_scores / divisor, top_scores + 2 * NEG_INF)
         refs = torch.tensor(steps, device=device)[:, None] * 2 * k + torch.arange(2 * k, device=device)
-        merged_scores = torch.cat([finished_scores, candidate], dim=1)
-        merged_done = torch.cat([finished_done, hits & first_k], dim=1)
-        merged_ref = torch.cat([finished_ref, refs], dim=1)
-        finished_scores, keep = torch.topk(merged_scores, k, dim=1)
-        finished_done = merged_done.gather(1, keep)
-        finished_ref = merged_ref.gather(1, keep)
-
-        best_possible = next_scores[:, :1] / divisor
-        worst_finished = torch.where(finished_done, finished_scores.min(dim=1, keepdim=True).values, NEG_INF)
-        improvable = improvable & (best_possible > worst_finished).any(dim=1)
-        done = (~improvable | finished_done.all(dim=1) | hits.all(dim=1)).tolist()
+        state, choice = beam_step(
+            BeamState.cat([request.state for request in requests]),
+            logprobs,
+            torch.tensor(ending, device=device),
+            divisor,
+            refs,
+            config.eos_token_id,
+        )
+        beam, token, token_logprob, chosen = choice.beam, choice.token, choice.logprob, choice.chosen
+        done = choice.done.tolist()
 
         new_rows = beam.gather(1, chosen)  # (G, k)
         tokens = token.gather(1, chosen)
         new_logprobs = token_logprob.gather(1, chosen)
         host = [t.cpu() for t in (beam, token, token_logprob, new_rows, tokens, new_logprobs)]
-        improvable_list = improvable.tolist()
         outcome: list[tuple[Tensor, Tensor] | None] = []
         for g, (first, request) in enumerate(members):
             request_attention = kept = None
@@ -530,10 +499,7 @@ class Scheduler:
                 )
             )  # fmt: skip
             request.step += 1
-            request.finished_scores = finished_scores[g : g + 1]
-            request.finished_done = finished_done[g : g + 1]
-            request.finished_ref = finished_ref[g : g + 1]
-            request.improvable = improvable_list[g]
+            request.state = state.select(slice(g, g + 1))
             if request.on_token is not None and k == 1:
                 request.on_token(
                     request, int(host[1][g, 0]), float(host[2][g, 0]),
@@ -543,15 +509,14 @@ class Scheduler:
                 request.hypotheses = self._hypotheses(request)
                 outcome.append(None)
                 continue
-            request.running_scores = next_scores[g : g + 1]
             request.run_source_row, request.run_token, request.run_logprob = host[3][g], host[4][g], host[5][g]
             outcome.append((new_rows[g], tokens[g]))
         return outcome
 
     def _hypotheses(self, request: DecodeRequest) -> list[Hypothesis]:
         k = request.beams
-        state = (request.finished_scores, request.finished_done, request.finished_ref)
-        scores, finished, refs = (t[0].cpu() for t in state)
+        final = (request.state.finished, request.state.finished_done, request.state.finished_ref)
+        scores, finished, refs = (t[0].cpu() for t in final)
         hypotheses: list[Hypothesis] = []
         for slot in range(k):
             if not bool(finished[slot]) or len(hypotheses) == request.options.n_best:

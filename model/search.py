@@ -205,6 +205,106 @@ def _too_early(step: int, min_new_tokens: int, rows: int) -> list[int]:
     return list(range(rows)) if step + 1 < min_new_tokens else []
 
 
+@dataclass
+class BeamState:
+    """The search state of G inputs of beam size k, kept on the device between steps."""
+
+    running: Tensor  # (G, k) summed log-probability of each running beam
+    finished: Tensor  # (G, k) length-normalised scores of the best finished hypotheses so far
+    finished_done: Tensor  # (G, k) which finished slots hold a hypothesis
+    finished_ref: Tensor  # (G, k) the candidate each came from (a reference `_backtrack` reads)
+    improvable: Tensor  # (G,) whether a running beam could still beat the worst finished one
+
+    @classmethod
+    def start(cls, count: int, k: int, device: torch.device) -> BeamState:
+        running = torch.full((count, k), NEG_INF, device=device)
+        running[:, 0] = 0.0  # the k beams start as one: only the first may be extended at step 0
+        return cls(
+            running,
+            torch.full((count, k), NEG_INF, device=device),
+            torch.zeros((count, k), dtype=torch.bool, device=device),
+            torch.full((count, k), -1, dtype=torch.long, device=device),
+            torch.ones(count, dtype=torch.bool, device=device),
+        )
+
+    def select(self, index: Tensor | slice) -> BeamState:
+        """The state of the inputs `index` picks (in its order)."""
+        fields = (self.running, self.finished, self.finished_done, self.finished_ref, self.improvable)
+        return BeamState(*(tensor[index] for tensor in fields))
+
+    @classmethod
+    def cat(cls, states: list[BeamState]) -> BeamState:
+        """Several inputs' states as one, in order."""
+        names = ("running", "finished", "finished_done", "finished_ref", "improvable")
+        return cls(*(torch.cat([getattr(state, name) for state in states]) for name in names))
+
+
+@dataclass
+class BeamChoice:
+    """What one step chose for G inputs: 2k candidates each, and the k of them that continue."""
+
+    beam: Tensor  # (G, 2k) the beam (0..k-1) each candidate extends
+    token: Tensor  # (G, 2k) its token
+    logprob: Tensor  # (G, 2k) that token's own log-probability
+    chosen: Tensor  # (G, k) the candidates (indices into the 2k) the running beams continue with
+    done: Tensor  # (G,) inputs whose finished hypotheses are final
+
+
+def beam_step(
+    state: BeamState,
+    logprobs: Tensor,
+    ending: Tensor,
+    divisor: Tensor | float,
+    refs: Tensor,
+    eos_token_id: int,
+    frozen: Tensor | None = None,
+) -> tuple[BeamState, BeamChoice]:
+    """One step of beam search for G inputs of beam size k, each on its own k rows of `logprobs` (G·k, V).
+
+    The 2k best continuations over an input's beams are ranked; the k best that do not end run on; an
+    ending one (eos, or every candidate of an input in `ending`, at its length budget) among the first k
+    becomes a finished hypothesis scored by its summed log-probability over `divisor`
+    (generated length ** length penalty: a float, or (G, 1) per input). `refs` (G, 2k) name each
+    candidate for back-tracking. `frozen` inputs (done, not yet removed) take no more hypotheses.
+    The static search (`_beam`) and the continuous scheduler both step through here.
+    """
+    count, k = state.running.shape
+    vocab = logprobs.size(-1)
+    device = logprobs.device
+    total = (logprobs.view(count, k, vocab) + state.running[:, :, None]).view(count, k * vocab)
+    top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (G, 2k)
+    beam = top_index // vocab
+    token = top_index % vocab
+    item_rows = torch.arange(count, device=device)[:, None]
+    token_logprob = logprobs[item_rows * k + beam, token]
+    hits = (token == eos_token_id) | ending[:, None]  # (G, 2k)
+
+    # Running beams for the next step: the k best candidates that did not end.
+    next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
+
+    # Finished hypotheses: ending candidates among the first k, length-normalised.
+    first_k = torch.arange(2 * k, device=device) < k
+    taking = hits & first_k if frozen is None else hits & first_k & ~frozen[:, None]
+    eligible = taking & (state.improvable & ~state.finished_done.all(dim=1))[:, None]
+    candidate = torch.where(eligible, top_scores / divisor, top_scores + 2 * NEG_INF)
+    merged_scores = torch.cat([state.finished, candidate], dim=1)
+    merged_done = torch.cat([state.finished_done, taking], dim=1)
+    merged_ref = torch.cat([state.finished_ref, refs], dim=1)
+    finished, keep = torch.topk(merged_scores, k, dim=1)
+    finished_done = merged_done.gather(1, keep)
+    finished_ref = merged_ref.gather(1, keep)
+
+    # Could the best running beam still beat the worst finished one?
+    best_possible = next_scores[:, :1] / divisor
+    worst_finished = torch.where(finished_done, finished.min(dim=1, keepdim=True).values, NEG_INF)
+    improvable = state.improvable & (best_possible > worst_finished).any(dim=1)
+    done = ~improvable | finished_done.all(dim=1) | hits.all(dim=1)
+    if frozen is not None:
+        done = done | frozen
+    new_state = BeamState(next_scores, finished, finished_done, finished_ref, improvable)
+    return new_state, BeamChoice(beam, token, token_logprob, chosen, done)
+
+
 def _greedy(
     model: Transformer,
     encoder,
@@ -307,22 +407,15 @@ def _beam(
 
     active = list(range(batch))  # original index of each active input
     budget = torch.tensor(budgets, device=device)
-    running_scores = torch.full((batch, k), NEG_INF, device=device)
-    running_scores[:, 0] = 0.0
+    state = BeamState.start(batch, k, device)
     last_tokens = torch.full((batch * k,), config.decoder_start_token_id, dtype=torch.long, device=device)
-    finished_scores = torch.full((batch, k), NEG_INF, device=device)
-    finished_done = torch.zeros((batch, k), dtype=torch.bool, device=device)
-    finished_ref = torch.full((batch, k), -1, dtype=torch.long, device=device)  # step * (2k) * batch + a * 2k + j
-    improvable = torch.ones(batch, dtype=torch.bool, device=device)
     frozen = torch.zeros(batch, dtype=torch.bool, device=device)  # done: its finished hypotheses are final
-    first_k = torch.arange(2 * k, device=device) < k
     candidate_offsets = torch.arange(2 * k, device=device)
-    # Per original input: its final (finished_scores, finished_done, finished_ref), on the device until the end.
+    # Per original input: its final (finished, finished_done, finished_ref), on the device until the end.
     results: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     steps: list[_Step] = []
     run_source_row = run_token = run_logprob = None
-    vocab = config.target_vocab_size
-    ref_stride = 2 * k * batch
+    ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
     width = max(budgets)
 
     for step in range(width):
@@ -330,55 +423,29 @@ def _beam(
         logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
         ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
         logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
-        total = (logprobs.view(items, k, vocab) + running_scores[:, :, None]).view(items, k * vocab)
-        top_scores, top_index = torch.topk(total, 2 * k, dim=1)  # (A, 2k)
-        beam = top_index // vocab
-        token = top_index % vocab
         item_rows = torch.arange(items, device=device)[:, None]
-        row = item_rows * k + beam  # row each candidate extends
-        token_logprob = logprobs[row, token]
-        hits = (token == config.eos_token_id) | (budget[:, None] <= step + 1)  # (A, 2k)
-
-        # Running beams for the next step: the k best candidates that did not finish.
-        next_scores, chosen = torch.topk(top_scores + hits.float() * NEG_INF, k, dim=1)
-
-        # Finished hypotheses: eos (or budget) candidates among the first k, length-normalised.
-        open_items = improvable & ~frozen & ~finished_done.all(dim=1)
-        eligible = hits & first_k & open_items[:, None]
-        candidate = torch.where(eligible, top_scores / float(step + 1) ** length_penalty, top_scores + 2 * NEG_INF)
         refs = step * ref_stride + item_rows * 2 * k + candidate_offsets
-        merged_scores = torch.cat([finished_scores, candidate], dim=1)
-        merged_done = torch.cat([finished_done, hits & first_k & ~frozen[:, None]], dim=1)
-        merged_ref = torch.cat([finished_ref, refs], dim=1)
-        finished_scores, keep = torch.topk(merged_scores, k, dim=1)
-        finished_done = merged_done.gather(1, keep)
-        finished_ref = merged_ref.gather(1, keep)
-
-        # Could the best running beam still beat the worst finished one?
-        best_possible = next_scores[:, :1] / float(step + 1) ** length_penalty
-        worst_finished = torch.where(finished_done, finished_scores.min(dim=1, keepdim=True).values, NEG_INF)
-        improvable = improvable & (best_possible > worst_finished).any(dim=1)
-        frozen = frozen | ~improvable | finished_done.all(dim=1) | hits.all(dim=1)
-
-        steps.append(_Step(run_source_row, run_token, run_logprob, row, token, token_logprob, capture.keep(cross)))
-        new_rows = row.gather(1, chosen)  # (A, k)
-        last_tokens = token.gather(1, chosen)
-        new_logprobs = token_logprob.gather(1, chosen)
-        running_scores = next_scores
+        divisor = float(step + 1) ** length_penalty
+        state, choice = beam_step(state, logprobs, budget <= step + 1, divisor, refs, config.eos_token_id, frozen)
+        frozen = choice.done
+        row = item_rows * k + choice.beam  # (A, 2k) the row each candidate extends
+        kept = capture.keep(cross)
+        steps.append(_Step(run_source_row, run_token, run_logprob, row, choice.token, choice.logprob, kept))
+        new_rows = row.gather(1, choice.chosen)  # (A, k)
+        last_tokens = choice.token.gather(1, choice.chosen)
+        new_logprobs = choice.logprob.gather(1, choice.chosen)
         if (step + 1) % capture.check_every == 0 or step + 1 == width:
             done_list = _read(frozen)
             for a, finished in enumerate(done_list):
                 if finished:
-                    results[active[a]] = (finished_scores[a], finished_done[a], finished_ref[a])
+                    results[active[a]] = (state.finished[a], state.finished_done[a], state.finished_ref[a])
             if all(done_list):
                 break
             if any(done_list):  # inputs that are done leave
                 keep_items = torch.tensor([a for a, finished in enumerate(done_list) if not finished], device=device)
                 new_rows, last_tokens = new_rows[keep_items], last_tokens[keep_items]
                 new_logprobs = new_logprobs[keep_items]
-                running_scores, finished_scores = running_scores[keep_items], finished_scores[keep_items]
-                finished_done, finished_ref = finished_done[keep_items], finished_ref[keep_items]
-                improvable, budget, frozen = improvable[keep_items], budget[keep_items], frozen[keep_items]
+                state, budget, frozen = state.select(keep_items), budget[keep_items], frozen[keep_items]
                 active = [index for index, finished in zip(active, done_list, strict=True) if not finished]
         # Reorder the cache so row r holds the beam it continues.
         new_rows, last_tokens = new_rows.reshape(-1), last_tokens.reshape(-1)  # (A' * k,)
