@@ -38,6 +38,13 @@ _QUANTIZATION = {"int8_float32": "int8", "int8_bfloat16": "int8", "int8_float16"
 CONVERTER_VERSION = 1  # bump when `convert` writes something different, so cached conversions are remade
 
 
+def ctranslate2_available() -> bool:
+    """Whether the ctranslate2 package can be imported (the `fast` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
 def import_ctranslate2():
     """The ctranslate2 module, or a clear error naming the extra to install."""
     try:
