@@ -588,8 +588,11 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         config = bench_config(free_port(), None, serve_config=args.serve_config)
         config["applications"] = config["applications"][:1]  # ours alone, without bench.noop
         for model in config["applications"][0]["args"]["models"]:
-            if args.compute_type and model.get("engine") == "ctranslate2":
-                model["compute_type"] = args.compute_type
+            if model.get("engine") == "ctranslate2":
+                if args.compute_type:
+                    model["compute_type"] = args.compute_type
+                if args.threads:
+                    model["threads"] = args.threads
         with tempfile.TemporaryDirectory(prefix="bench-peer-") as scratch:
             started: list[int] = []
             logger.info("starting serve run %s", args.serve_config)
@@ -684,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         "--serve-config", type=Path, default=REPOSITORY / "deploy" / "serve.yaml", help="our Serve config"
     )
     compare_parser.add_argument("--compute-type", help="override the compute_type of models with engine ctranslate2")
+    compare_parser.add_argument("--threads", type=int, help="CTranslate2 threads of models with engine ctranslate2")
     for sub in (verify_parser, compare_parser):
         sub.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the tatoeba en-zh dev TSV")
         sub.add_argument("--output", type=Path, help="JSON report (default bench/results/peer-<command>.json)")

@@ -45,12 +45,19 @@ class ModelSpec(BaseModel):
         None,
         description=f"engine ctranslate2: one of {', '.join(CTRANSLATE2_COMPUTE_TYPES)} (default int8).",
     )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="engine ctranslate2: CTranslate2's threads per translation (intra_threads); default torch's "
+        "thread count in the replica, which Ray sets from num_cpus (1 below 1).",
+    )
 
     @model_validator(mode="after")
     def _engine_settings(self) -> ModelSpec:
         if self.engine != "ctranslate2":
-            if self.compute_type is not None:
-                raise ValueError(f"model {self.id}: compute_type is an engine ctranslate2 setting")
+            if self.compute_type is not None or self.threads is not None:
+                raise ValueError(f"model {self.id}: compute_type and threads are engine ctranslate2 settings")
             return self
         if self.compute_type is not None and self.compute_type not in CTRANSLATE2_COMPUTE_TYPES:
             raise ValueError(f"model {self.id}: compute_type must be one of {', '.join(CTRANSLATE2_COMPUTE_TYPES)}")

@@ -85,7 +85,11 @@ class TranslatorDeployment:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
         self.translator = Translator.from_pretrained(
-            self.spec.expanded_path, dtype=self.spec.dtype, engine=self.spec.engine, compute_type=self.spec.compute_type
+            self.spec.expanded_path,
+            dtype=self.spec.dtype,
+            engine=self.spec.engine,
+            compute_type=self.spec.compute_type,
+            threads=self.spec.threads,
         )
         self.continuous = scheduler == "continuous"
         self._rows_task: asyncio.Task | None = None

@@ -91,12 +91,13 @@ def test_the_cpu_serve_configs_ask_for_no_gpu(serve_config):
 
 
 def without_engine_settings(serve_config: dict) -> dict:
-    """The config less each model's engine and compute_type."""
+    """The config less each model's engine settings (engine, compute_type, threads)."""
     config = copy.deepcopy(serve_config)
     for application in config["applications"]:
         for model in application["args"]["models"]:
             model.pop("engine", None)
             model.pop("compute_type", None)
+            model.pop("threads", None)
     return config
 
 
@@ -255,7 +256,8 @@ def test_a_ctranslate2_model_under_the_continuous_scheduler_is_a_config_error():
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ({"compute_type": "int8"}, "engine ctranslate2 setting"),
+        ({"compute_type": "int8"}, "engine ctranslate2 settings"),
+        ({"threads": 2}, "engine ctranslate2 settings"),
         ({"engine": "ctranslate2", "dtype": "int8"}, "not dtype"),
     ],
 )
