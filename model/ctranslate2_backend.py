@@ -19,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
+import uuid
 from pathlib import Path
 
 import torch
@@ -182,8 +185,22 @@ def model_spec(model: Transformer, tokenizer: MarianTokenizer, alignment: tuple[
     return spec
 
 
-def conversion_key(weights_digest: str, alignment: tuple[int, int | None], quantization: str | None) -> str:
-    text = json.dumps([CONVERTER_VERSION, weights_digest, list(alignment), quantization])
+def conversion_key(
+    weights_digest: str, model: Transformer, tokenizer: MarianTokenizer, alignment, quantization: str | None
+) -> str:
+    """What a conversion depends on: the weights, config.json, the vocabularies, the alignment head, the weight type."""
+    text = json.dumps(
+        [
+            CONVERTER_VERSION,
+            weights_digest,
+            model.config.to_marian_dict(),
+            tokenizer.source_vocab,
+            tokenizer.target_vocab,
+            list(alignment),
+            quantization,
+        ],
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -217,17 +234,16 @@ def cached_conversion(
     Written to a temporary name and renamed, so replicas converting at once never read a half-written model.
     """
     quantization = _QUANTIZATION.get(compute_type, compute_type)
-    target = cache_dir / f"{weights_digest}-{conversion_key(weights_digest, alignment, quantization)}"
+    key = conversion_key(weights_digest, model, tokenizer, alignment, quantization)
+    target = cache_dir / f"{weights_digest}-{key}"
     if (target / "model.bin").is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = cache_dir / f".{target.name}.{id(model)}.partial"
+    staging = cache_dir / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.partial"
     convert(model, tokenizer, staging, alignment, quantization)
     try:
         staging.rename(target)
     except OSError:  # another process renamed its copy first
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("converted the model for CTranslate2 (%s) into %s", compute_type, target)
     return target

@@ -128,3 +128,10 @@ def test_unsupported_settings_fail_clearly(tmp_path):
     fast = Translator.from_pretrained("en-zh", engine="ctranslate2", cache_dir=tmp_path)
     with pytest.raises(InvalidInputError, match="continuous"):
         fast.start_continuous()
+
+
+def test_a_conversion_is_made_once_per_weights_and_compute_type(tmp_path):
+    for compute_type in ("int8", "int8_float32", "float32"):  # int8_float32 reads the int8 conversion
+        Translator.from_pretrained("en-zh", engine="ctranslate2", compute_type=compute_type, cache_dir=tmp_path)
+    converted = sorted(p.name for p in tmp_path.iterdir())
+    assert len(converted) == 2 and all((tmp_path / name / "model.bin").is_file() for name in converted)
