@@ -30,7 +30,7 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from service import deepl_v2, libretranslate
 from service.coalescing import Coalescer
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
-from service.deployments import Rejected, TranslateCall, TranslatorDeployment
+from service.deployments import ExplainView, Rejected, TranslateCall, TranslatorDeployment
 from service.docs import add_offline_docs
 from service.errors import (
     InvalidRequestError,
@@ -285,20 +285,14 @@ class Ingress:
 
     @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
     async def explain(self, body: ExplainRequest) -> Response:
-        view = (body.kind, body.layer, body.head, body.position)
-        attribution = (body.method, body.steps)
+        view = ExplainView(body.kind, body.layer, body.head, body.position, body.method, body.steps)
         if body.explanation_id is not None:
             key = self.explanation_key(body.explanation_id)
             handle = self.translators[key.model_id]
-            call = partial(
-                handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, *view,
-                attribution=attribution,
-            )
+            call = partial(handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, view)
         else:
             handle = self.translators[self.pick_model(body.model, body.source_lang, body.target_lang)]
-            call = partial(
-                handle.explain.remote, body.source, body.target, *view, body.beam_size, attribution=attribution
-            )
+            call = partial(handle.explain.remote, body.source, body.target, body.beam_size, view)
         return json_response(await self.call(call))
 
     @api.get("/v1/models", response_model=ModelsResponse, responses=ERRORS, summary="Served models")

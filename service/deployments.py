@@ -61,6 +61,18 @@ class TranslateCall:
     source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
 
 
+@dataclass(frozen=True)
+class ExplainView:
+    """What a POST /v1/explain asks to see of a pair, as it travels from the ingress to a translator."""
+
+    kind: str  # the attention whose arithmetic is shown step by step (schemas.AttentionKind)
+    layer: int | None
+    head: int
+    position: int
+    method: str = "attention"  # or an attribution method (schemas.ExplainMethod), whose attributions are added
+    steps: int | None = None  # integrated gradients' steps
+
+
 @dataclass
 class BatchItem:
     text: str
@@ -341,32 +353,13 @@ class TranslatorDeployment:
         self.metrics.forced_decodes.labels(self.spec.id, kind).inc()
         return explanation_json(explained, self.spec.id, self._explanation_id(source_ids, target_ids))
 
-    async def explain(
-        self,
-        source: str,
-        target: str | None,
-        kind: str,
-        layer: int | None,
-        head: int,
-        position: int,
-        beam_size: int,
-        attribution: tuple[str, int | None] = ("attention", None),
-    ) -> dict | Rejected:
+    async def explain(self, source: str, target: str | None, beam_size: int, view: ExplainView) -> dict | Rejected:
         """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain), and
-        with attribution (method, steps) other than attention that method's attributions."""
-        return await _rejecting(self._explain(source, target, kind, layer, head, position, beam_size, attribution))
+        for a view's method other than attention that method's attributions. No target: the model's own
+        translation at beam_size."""
+        return await _rejecting(self._explain(source, target, beam_size, view))
 
-    async def _explain(
-        self,
-        source: str,
-        target: str | None,
-        kind: str,
-        layer: int | None,
-        head: int,
-        position: int,
-        beam_size: int,
-        attribution: tuple[str, int | None],
-    ) -> dict:
+    async def _explain(self, source: str, target: str | None, beam_size: int, view: ExplainView) -> dict:
         source_ids = self.translator.encode_source([source])[0]
         if target is None:
             own = await self._translate(TranslateCall([source], DecodingOptions(beam_size=beam_size)))
@@ -376,48 +369,26 @@ class TranslatorDeployment:
             limit = self.translator.config.max_position_embeddings
             if len(target_ids) > limit:
                 raise InputTooLongError(f"target has {len(target_ids)} tokens; this model accepts at most {limit}")
-        return await asyncio.to_thread(
-            self._explain_json, source_ids, target_ids, kind, layer, head, position, attribution
-        )
+        return await asyncio.to_thread(self._explain_json, source_ids, target_ids, view)
 
     async def explain_ids(
-        self,
-        weights_digest: str,
-        source_ids: list[int],
-        target_ids: list[int],
-        kind: str,
-        layer: int | None,
-        head: int,
-        position: int,
-        attribution: tuple[str, int | None] = ("attention", None),
+        self, weights_digest: str, source_ids: list[int], target_ids: list[int], view: ExplainView
     ) -> dict | Rejected:
         """POST /v1/explain of an explanation id: exactly the tokens the model decoded."""
 
         async def run() -> dict:
             self._check_weights(weights_digest)
-            return await asyncio.to_thread(
-                self._explain_json, list(source_ids), list(target_ids), kind, layer, head, position, attribution
-            )
+            return await asyncio.to_thread(self._explain_json, list(source_ids), list(target_ids), view)
 
         return await _rejecting(run())
 
-    def _explain_json(
-        self,
-        source_ids: list[int],
-        target_ids: list[int],
-        kind: str,
-        layer: int | None,
-        head: int,
-        position: int,
-        attribution: tuple[str, int | None],
-    ) -> dict:
-        method, attribution_steps = attribution
+    def _explain_json(self, source_ids: list[int], target_ids: list[int], view: ExplainView) -> dict:
         attributions = None
-        if method != "attention":  # first: a pair too long for attributions answers 413 before any other work
-            attributions = self.translator.attribute(source_ids, target_ids, method, attribution_steps)
-            self.metrics.forced_decodes.labels(self.spec.id, method).inc()
+        if view.method != "attention":  # first: a pair too long for attributions answers 413 before any other work
+            attributions = self.translator.attribute(source_ids, target_ids, view.method, view.steps)
+            self.metrics.forced_decodes.labels(self.spec.id, view.method).inc()
         result = self._forced_decode_json(source_ids, target_ids, "explain")
-        steps = self.translator.attention_steps(source_ids, target_ids, kind, layer, head, position)
+        steps = self.translator.attention_steps(source_ids, target_ids, view.kind, view.layer, view.head, view.position)
         result["steps"] = steps_json(steps)
         if attributions is not None:
             result["attributions"] = attributions_json(attributions)
