@@ -137,11 +137,22 @@ def word_links(
     candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
     if not candidates:
         candidates = list(range(len(source_groups)))
-    pairs = []
-    for target_word, target_pieces in enumerate(target_groups):
-        rows = matrix[target_pieces].mean(dim=0)  # (S,)
-        mass = torch.stack([rows[source_groups[w]].sum() for w in candidates])
-        pairs.append((candidates[int(mass.argmax())], target_word))
+    # Each target word's rows averaged, then each candidate source word's columns summed: two small matmuls
+    # (looping over words with tensor operations took 40% as long as CTranslate2's whole search of a sentence;
+    # py-spy on a deploy/serve-fast.yaml replica).
+    target_length, source_length = matrix.shape
+    average = [[0.0] * target_length for _ in target_groups]
+    for word, pieces in enumerate(target_groups):
+        for piece in pieces:
+            average[word][piece] = 1.0 / len(pieces)
+    membership = [[0.0] * len(candidates) for _ in range(source_length)]
+    for column, word in enumerate(candidates):
+        for piece in source_groups[word]:
+            membership[piece][column] = 1.0
+    average = torch.tensor(average, device=matrix.device).view(len(target_groups), target_length)
+    membership = torch.tensor(membership, device=matrix.device).view(source_length, len(candidates))
+    best = ((average @ matrix) @ membership).argmax(dim=1).tolist()  # (target words,)
+    pairs = [(candidates[column], target_word) for target_word, column in enumerate(best)]
     return (
         pairs,
         [_word_text(source_tokens, g) for g in source_groups],

@@ -11,8 +11,8 @@ import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
 from model.explain import forced_decode
-from model.tokenizer import word_groups
-from model.translator import token_alignment
+from model.tokenizer import is_special_piece, word_groups
+from model.translator import token_alignment, word_links
 from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 ALIGNMENT_SENTENCES = [english for english, _ in synthetic_corpus(count=8, seed=11)]
@@ -97,6 +97,24 @@ def test_word_alignment_covers_every_target_word(translator):
     assert [t for _, t in result.word_alignment] == list(range(len(result.target_words)))
     assert all(0 <= s < len(result.source_words) for s, _ in result.word_alignment)
     assert "quick" in result.source_words
+
+
+def test_word_links_are_the_per_word_arithmetic_they_name():
+    """Each target word goes to the source word (never </s>) with most mass of the word's mean attention row:
+    word by word, as the definition reads, on random maps over real pieces."""
+    rng = torch.Generator().manual_seed(3)
+    source = ["▁The", "▁qu", "ick", "▁brown", "▁fox", ".", "</s>"]
+    target = ["▁我", "喜欢", "猫", "▁a", "b", "。", "</s>"]
+    for _ in range(200):
+        matrix = torch.rand(len(target), len(source), generator=rng).softmax(dim=-1)
+        groups = word_groups(source)
+        candidates = [w for w, pieces in enumerate(groups) if not is_special_piece(source[pieces[0]])]
+        expected = []
+        for target_word, pieces in enumerate(word_groups(target)):
+            row = matrix[pieces].mean(dim=0)
+            masses = [float(row[groups[w]].sum()) for w in candidates]
+            expected.append((candidates[masses.index(max(masses))], target_word))
+        assert word_links(matrix, source, target)[0] == expected
 
 
 def test_word_groups_merge_pieces_and_split_chinese():
