@@ -8,7 +8,8 @@ For each scheduler (args.scheduler static, then continuous; one service at a tim
    40-60 words, split_sentences false), arriving as a Poisson process at --load of the static scheduler's
    measured capacity for that mix; p50/p99 latency per class and throughput;
 2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
-3. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
+3. alone: short texts one at a time (concurrency 1): the floor a short text's latency cannot go below;
+4. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
 Ratios are continuous / static from the same run.
 """
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rng = random.Random(0)
     short, long = texts_for(sentences, rng)
-    mixed_count, closed_count = (60, 100) if args.quick else (300, 400)
+    mixed_count, closed_count, alone_count = (60, 100, 20) if args.quick else (300, 400, 100)
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.continuous", *sys.argv[1:]]),
         "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["mixed"] = asyncio.run(open_loop(url, arrivals, args.beam_size))
                 bodies = translate_bodies(sentences, 1, beam_size=args.beam_size)
                 result["closed"] = asyncio.run(run_load(f"{url}/v1/translate", bodies, closed_count, 32)).summary()
+                alone = translate_bodies(short, 1, beam_size=args.beam_size, split_sentences=False)
+                result["alone"] = asyncio.run(run_load(f"{url}/v1/translate", alone, alone_count, 1)).summary()
                 if scheduler == "continuous":
                     text = short[0]
                     result["first_token_ms"] = {
@@ -223,13 +226,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict[str, Any]) -> None:
     print(f"arrival rate {report['arrival_rate_per_s']}/s ({report['load']:.0%} of static's mixed capacity)")
-    print("| scheduler | short p50 ms | short p99 ms | long p50 ms | mixed texts/s | closed c32 texts/s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| scheduler | short p50 ms | short p99 ms | long p50 ms | mixed texts/s | closed c32 texts/s "
+        "| short alone p50 ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, result in report["schedulers"].items():
-        mixed, closed = result["mixed"], result["closed"]
+        mixed, closed, alone = result["mixed"], result["closed"], result["alone"]
         print(
             f"| {name} | {mixed['short_p50_ms']} | {mixed['short_p99_ms']} | {mixed['long_p50_ms']} "
-            f"| {mixed['texts_per_s']} | {closed['texts_per_s']} |"
+            f"| {mixed['texts_per_s']} | {closed['texts_per_s']} | {alone['p50_ms']} |"
         )
     print(f"continuous / static: {report['ratios']}")
     first = report["schedulers"]["continuous"].get("first_token_ms")
