@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from model.errors import InvalidInputError
+from model.errors import CheckpointError, InvalidInputError
 from model.options import DecodingOptions
 from model.search import Hypothesis, length_budget
 from model.tokenizer import EOS, UNK, MarianTokenizer
@@ -236,9 +236,9 @@ def cached_conversion(
     quantization = _QUANTIZATION.get(compute_type, compute_type)
     key = conversion_key(weights_digest, model, tokenizer, alignment, quantization)
     target = cache_dir / f"{weights_digest}-{key}"
+    private_directory(cache_dir)
     if (target / "model.bin").is_file():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
     staging = cache_dir / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.partial"
     convert(model, tokenizer, staging, alignment, quantization)
     try:
@@ -247,6 +247,20 @@ def cached_conversion(
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("converted the model for CTranslate2 (%s) into %s", compute_type, target)
     return target
+
+
+def private_directory(path: Path) -> None:
+    """Make `path` (mode 0700), or check that an existing one belongs to this user and that nobody else may
+    write in it: a conversion found there is served as the model, so no other user may have put it there
+    (the default cache lives under the shared temporary directory)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    owner = os.getuid() if hasattr(os, "getuid") else status.st_uid
+    if status.st_uid != owner or status.st_mode & 0o022:
+        raise CheckpointError(
+            f"{path}: the CTranslate2 cache directory must belong to this user and be writable by it alone "
+            f"(owner uid {status.st_uid}, mode {status.st_mode & 0o777:o}); set cache_dir to a private directory"
+        )
 
 
 class CTranslate2Decoder:

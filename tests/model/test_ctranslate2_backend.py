@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.errors import InvalidInputError
+from model.errors import CheckpointError, InvalidInputError
 from model.explain import forced_decode
 from model.options import DecodingOptions
 from model.transformer import MultiHeadAttention
@@ -135,3 +135,17 @@ def test_a_conversion_is_made_once_per_weights_and_compute_type(tmp_path):
         Translator.from_pretrained("en-zh", engine="ctranslate2", compute_type=compute_type, cache_dir=tmp_path)
     converted = sorted(p.name for p in tmp_path.iterdir())
     assert len(converted) == 2 and all((tmp_path / name / "model.bin").is_file() for name in converted)
+
+
+def test_a_cache_others_may_write_in_is_refused(tmp_path):
+    """A conversion found in the cache is served as the model: a cache directory another user could write a
+    model.bin into is refused, and a new one is made for this user alone."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(CheckpointError, match="writable by it alone"):
+        Translator.from_pretrained("en-zh", engine="ctranslate2", cache_dir=shared)
+    assert not any(shared.iterdir())  # refused before anything was converted or read
+    fresh = tmp_path / "fresh" / "cache"
+    Translator.from_pretrained("en-zh", engine="ctranslate2", cache_dir=fresh)
+    assert fresh.stat().st_mode & 0o777 == 0o700
