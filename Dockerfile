@@ -34,12 +34,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Dependencies first (they change less often than the code): torch from the chosen index,
-# then the rest of pyproject.toml's dependencies and its `fast` extra (CTranslate2, a ~40 MB wheel, for a model's
-# `engine: ctranslate2`: docker run -e SERVE_CONFIG=deploy/serve-fast.yaml ...).
+# then the rest of pyproject.toml's dependencies.
 COPY pyproject.toml ./
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
-    && python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['fast']))" > /tmp/requirements.txt \
+    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 

@@ -2,9 +2,6 @@
 
     python -m bench.fast_modes                          # both shipped models, whole dev set for fidelity
     python -m bench.fast_modes --models en-zh --limit 200 --speed-texts 16 --rounds 2    # a quick look
-    python -m bench.fast_modes --engines fp32 "ct2 int8" "ct2 backend int8" "ct2 backend int8_float32" \
-        "ct2 backend float32" --output bench/results/fast-modes-ctranslate2-backend-cpu.json
-                                                        # the CTranslate2 backend (engine="ctranslate2")
 
 Speed: texts/s at beam 4 (`--beam-size`) in batches of 1 and of 16, one thread (`--threads`), on the
 first dev sentences; every engine decodes the same texts, the engines taking turns within each of
@@ -15,9 +12,7 @@ machine), and the ratios to CTranslate2 int8 and to our fp32 from the same run.
 Fidelity: every engine translates the first `--limit` dev sentences (batches of 16, by length) at the same
 beam size; the share of translations identical to our fp32's, and BLEU against the references (sacrebleu,
 zh tokenization for Chinese output). CTranslate2 converts the same Marian directory (its TransformersConverter;
-its int8 also compared with its own fp32). "ct2 backend <compute type>" is our Translator with
-engine="ctranslate2": CTranslate2 searching our own conversion, its figures including the alignment head's
-attention and the score_batch pass for token log-probabilities. Writes bench/results/fast-modes-cpu.json.
+its int8 also compared with its own fp32). Writes bench/results/fast-modes-cpu.json.
 """
 
 from __future__ import annotations
@@ -51,12 +46,6 @@ ENGINES = {
     "int8 per-call": ("ours", {"dtype": "int8", "per_row": False}),
     "ct2 int8": ("ct2", {"compute_type": "int8"}),
     "ct2 fp32": ("ct2", {"compute_type": "float32"}),
-    # our Translator with engine="ctranslate2" (model/ctranslate2_backend.py): CTranslate2's search on our own
-    # conversion, plus what the backend adds: the alignment head's attention and score_batch's token log-probs
-    "ct2 backend int8": ("backend", {"compute_type": "int8"}),
-    "ct2 backend int8_float32": ("backend", {"compute_type": "int8_float32"}),
-    "ct2 backend float32": ("backend", {"compute_type": "float32"}),
-    "ct2 backend int16": ("backend", {"compute_type": "int16"}),
 }
 BATCH_SIZES = (1, 16)
 
@@ -69,15 +58,6 @@ class Ours:
 
     def translate(self, source_ids: list[list[int]], beam_size: int) -> list[list[int]]:
         return [nbest[0].token_ids for nbest in self.translator.generate(source_ids, beam_size=beam_size)]
-
-
-class Backend(Ours):
-    """Translator.from_pretrained(engine="ctranslate2"): hypotheses with alignment rows and token scores."""
-
-    def __init__(self, name: str, compute_type: str, cache: Path, threads: int) -> None:
-        self.translator = Translator.from_pretrained(
-            name, engine="ctranslate2", compute_type=compute_type, threads=threads, cache_dir=cache / "backend"
-        )
 
 
 class CTranslate2:
@@ -104,8 +84,6 @@ def build(label: str, name: str, cache: Path, tokenizer, threads: int):
     kind, options = ENGINES[label]
     if kind == "ours":
         return Ours(name, **options)
-    if kind == "backend":
-        return Backend(name, options["compute_type"], cache, threads)
     return CTranslate2(name, options["compute_type"], cache, tokenizer, threads)
 
 

@@ -7,7 +7,6 @@ side by side with our service in one run.
     python -m bench.peer compare      # ours (serve run deploy/serve.yaml) and the two peers, one after the other:
                                       # 400 single-sentence requests and 50 requests of 16 at concurrency 32, beam 4
     python -m bench.peer compare --requests 40 --batch-requests 5    # a smoke run of the same pipeline
-    python -m bench.peer compare --serve-config deploy/serve-fast.yaml --peers int8    # ours on CTranslate2
 
 Everything the peer needs lies under .peer/ (gitignored); nothing touches the user's home:
 
@@ -585,17 +584,11 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     sentences = read_sentences(args.data, 1000)
     rows: list[dict[str, Any]] = []
     if not args.skip_ours:
-        config = bench_config(free_port(), None, serve_config=args.serve_config)
+        config = bench_config(free_port(), None)
         config["applications"] = config["applications"][:1]  # ours alone, without bench.noop
-        for model in config["applications"][0]["args"]["models"]:
-            if model.get("engine") == "ctranslate2":
-                if args.compute_type:
-                    model["compute_type"] = args.compute_type
-                if args.threads:
-                    model["threads"] = args.threads
         with tempfile.TemporaryDirectory(prefix="bench-peer-") as scratch:
             started: list[int] = []
-            logger.info("starting serve run %s", args.serve_config)
+            logger.info("starting serve run deploy/serve.yaml")
             with serve_running(copy.deepcopy(config), Path(scratch), started=started) as url:
                 rows += load_scenarios("ours", f"{url}/v1/translate", ours_body, started[0], sentences, args)
     for name in args.peers:
@@ -608,12 +601,6 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["python -m bench.peer", *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
         "beam_size": BEAM_SIZE,
-        "ours": {
-            "serve_config": str(Path(args.serve_config).resolve().relative_to(REPOSITORY))
-            if Path(args.serve_config).resolve().is_relative_to(REPOSITORY)
-            else str(args.serve_config),
-            "models": None if args.skip_ours else config["applications"][0]["args"]["models"],
-        },
         "peer": {
             name: {"threads": v.threads or "argos defaults", "compute_type": v.quantization}
             for name, v in VARIANTS.items()
@@ -683,11 +670,6 @@ def main(argv: list[str] | None = None) -> int:
     compare_parser.add_argument("--concurrency", type=int, default=32)
     compare_parser.add_argument("--peers", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     compare_parser.add_argument("--skip-ours", action="store_true")
-    compare_parser.add_argument(
-        "--serve-config", type=Path, default=REPOSITORY / "deploy" / "serve.yaml", help="our Serve config"
-    )
-    compare_parser.add_argument("--compute-type", help="override the compute_type of models with engine ctranslate2")
-    compare_parser.add_argument("--threads", type=int, help="CTranslate2 threads of models with engine ctranslate2")
     for sub in (verify_parser, compare_parser):
         sub.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the tatoeba en-zh dev TSV")
         sub.add_argument("--output", type=Path, help="JSON report (default bench/results/peer-<command>.json)")

@@ -114,15 +114,9 @@ def engine_reference(
 
 
 
-def bench_config(
-    port: int,
-    model_paths: dict[str, str] | None,
-    coalesce_max_calls: int | None = None,
-    serve_config: Path = SERVE_CONFIG,
-) -> dict:
-    """deploy/serve.yaml (or `serve_config`) on loopback at `port`, optionally other model paths, plus the no-op
-    app at /noop."""
-    config = yaml.safe_load(Path(serve_config).read_text())
+def bench_config(port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None) -> dict:
+    """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus the no-op app at /noop."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
     application = config["applications"][0]

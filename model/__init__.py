@@ -5,8 +5,6 @@ from model.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
 from model.attribution import METHODS as ATTRIBUTION_METHODS
 from model.attribution import Attributions
 from model.config import ModelConfig
-from model.ctranslate2_backend import COMPUTE_TYPES as CTRANSLATE2_COMPUTE_TYPES
-from model.ctranslate2_backend import ctranslate2_available
 from model.errors import (
     CheckpointError,
     DecoderBusyError,
@@ -19,16 +17,13 @@ from model.explain import AttentionSteps
 from model.options import MAX_BEAM_SIZE, DecodingOptions
 from model.search import Hypothesis
 from model.transformer import Transformer
-from model.translator import ENGINES, Explanation, StreamedToken, Translation, Translator
+from model.translator import Explanation, StreamedToken, Translation, Translator
 
 __all__ = [
     "ATTRIBUTION_DEFAULT_STEPS",
     "ATTRIBUTION_MAX_STEPS",
     "ATTRIBUTION_METHODS",
     "Attributions",
-    "CTRANSLATE2_COMPUTE_TYPES",
-    "ENGINES",
-    "ctranslate2_available",
     "AttentionSteps",
     "DecodingOptions",
     "MAX_BEAM_SIZE",

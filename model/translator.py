@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from torch import Tensor
 from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model
-from model.ctranslate2_backend import COMPUTE_TYPES, CTranslate2Decoder, cached_conversion
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
@@ -34,8 +32,6 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
-ENGINES = ("torch", "ctranslate2")  # what searches: our engine (model/transformer.py), or CTranslate2 (a fast mode)
-CTRANSLATE2_CACHE = Path(tempfile.gettempdir()) / "attention-translate-ctranslate2"  # conversions, by weights digest
 
 
 def pretrained_names() -> list[str]:
@@ -61,19 +57,6 @@ def _precision(model: Transformer) -> str:
     if model.int8:
         return "int8"
     return str(model.output_weight.dtype).removeprefix("torch.")
-
-
-def _tokenizer(directory: Path, model: Transformer) -> MarianTokenizer:
-    tokenizer = MarianTokenizer.from_directory(directory)
-    if tokenizer.eos_id != model.config.eos_token_id:
-        logger.warning(
-            "vocab.json's </s> id %d differs from config eos_token_id %d", tokenizer.eos_id, model.config.eos_token_id
-        )
-    return tokenizer
-
-
-def _digest(directory: Path) -> str:
-    return hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
@@ -138,8 +121,8 @@ def word_links(
     if not candidates:
         candidates = list(range(len(source_groups)))
     # Each target word's rows averaged, then each candidate source word's columns summed: two small matmuls
-    # (looping over words with tensor operations took 40% as long as CTranslate2's whole search of a sentence;
-    # py-spy on a deploy/serve-fast.yaml replica).
+    # (looping over words with tensor operations cost about 0.9 ms a sentence, 40% of what CTranslate2 int8
+    # needs to search one: it mattered once the search was fast).
     target_length, source_length = matrix.shape
     average = [[0.0] * target_length for _ in target_groups]
     for word, pieces in enumerate(target_groups):
@@ -224,13 +207,11 @@ class Translator:
         name: str = "model",
         weights_digest: str = "",
         exact_model: Transformer | None = None,
-        backend: CTranslate2Decoder | None = None,
     ) -> None:
-        self.model = model  # what decodes (translate, generate, submit), unless a CTranslate2 backend searches
+        self.model = model  # what decodes (translate, generate, submit)
         # What explains (explain, attention_steps, attribute): the decoding model itself, except under int8
         # weights, whose explanations come from the same checkpoint in fp32 (see from_pretrained).
         self.exact_model = exact_model if exact_model is not None else model
-        self.backend = backend  # engine="ctranslate2": CTranslate2 searches, self.model only explains
         self.tokenizer = tokenizer
         self.name = name
         self.weights_digest = weights_digest
@@ -242,10 +223,6 @@ class Translator:
         name_or_path: str | Path,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
-        engine: str = "torch",
-        compute_type: str | None = None,
-        threads: int | None = None,
-        cache_dir: str | Path | None = None,
     ) -> Translator:
         """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available).
 
@@ -258,22 +235,8 @@ class Translator:
         then run the same checkpoint in fp32 (`exact_model`) over the tokens the int8 search chose:
         their maps and arithmetic are the exact model's, which may differ from the int8 numbers
         `translate` returned with its alignments by quantization error (see README, Fast modes).
-
-        engine="ctranslate2" (CPU only; needs the `fast` extra): CTranslate2 searches, with `compute_type`
-        one of COMPUTE_TYPES (default "int8"), on `threads` threads (default torch's); the checkpoint is
-        converted once into `cache_dir` (default CTRANSLATE2_CACHE; see model/ctranslate2_backend.py).
-        `translate` then returns CTranslate2's tokens, its alignment head's attention (the alignments) and
-        its token log-probabilities (score_batch over the chosen tokens); `return_attention`'s full maps,
-        `explain`, `attention_steps` and `attribute` run this checkpoint in fp32 in our engine
-        (`exact_model`) over those tokens. The continuous scheduler (`start_continuous`) is not available.
         """
         directory = resolve_model_path(name_or_path)
-        if engine not in ENGINES:
-            raise InvalidInputError(f"engine must be one of {', '.join(ENGINES)}")
-        if engine == "ctranslate2":
-            return cls._with_ctranslate2(directory, device, dtype, compute_type or "int8", threads, cache_dir)
-        if compute_type is not None:
-            raise InvalidInputError("compute_type is CTranslate2's setting: give it with engine='ctranslate2'")
         if isinstance(dtype, str):
             if dtype not in DTYPE_NAMES:
                 raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
@@ -293,47 +256,24 @@ class Translator:
             model = load_model(directory).to(target).to(dtype)
         else:
             model = load_model(directory, dtype=dtype).to(target)
-        tokenizer = _tokenizer(directory, model)
-        return cls(model, tokenizer, name=directory.name, weights_digest=_digest(directory), exact_model=exact_model)
-
-    @classmethod
-    def _with_ctranslate2(
-        cls, directory: Path, device, dtype, compute_type: str, threads: int | None, cache_dir: str | Path | None
-    ) -> Translator:
-        """from_pretrained(engine="ctranslate2"): our fp32 model for explanations, CTranslate2 for the search."""
-        if compute_type not in COMPUTE_TYPES:
-            raise InvalidInputError(f"compute_type must be one of {', '.join(COMPUTE_TYPES)}")
-        if device is not None and torch.device(device).type != "cpu":
-            raise InvalidInputError("engine ctranslate2 runs on the CPU here")
-        if dtype not in (None, "float32", torch.float32):
-            raise InvalidInputError("engine ctranslate2 takes compute_type, not dtype (explanations run in float32)")
-        model = load_model(directory)
-        tokenizer = _tokenizer(directory, model)
-        digest = _digest(directory)
-        alignment = model.config.alignment_source()
-        converted = cached_conversion(
-            model, tokenizer, Path(cache_dir or CTRANSLATE2_CACHE), digest, alignment, compute_type
-        )
-        backend = CTranslate2Decoder(
-            converted, tokenizer, model.config, compute_type, threads or torch.get_num_threads(),
-            first_row_used=not model.config.alignment_shift,
-        )
-        return cls(model, tokenizer, name=directory.name, weights_digest=digest, backend=backend)
+        tokenizer = MarianTokenizer.from_directory(directory)
+        if tokenizer.eos_id != model.config.eos_token_id:
+            logger.warning(
+                "vocab.json's </s> id %d differs from config eos_token_id %d",
+                tokenizer.eos_id,
+                model.config.eos_token_id,
+            )
+        digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
+        return cls(model, tokenizer, name=directory.name, weights_digest=digest, exact_model=exact_model)
 
     @property
     def device(self) -> torch.device:
         return self.model.final_logits_bias.device
 
     @property
-    def engine(self) -> str:
-        """What searches: "torch" (our engine) or "ctranslate2"; explanations always run our engine."""
-        return "torch" if self.backend is None else "ctranslate2"
-
-    @property
     def precision(self) -> str:
-        """How decoding stores its matrices: "float32", "bfloat16", "float16" or "int8"; under CTranslate2
-        its compute type ("int8", "int8_float32", "float32", ...)."""
-        return _precision(self.model) if self.backend is None else self.backend.compute_type
+        """How decoding stores its matrices: "float32", "bfloat16", "float16" or "int8"."""
+        return _precision(self.model)
 
     @property
     def explanation_precision(self) -> str:
@@ -402,22 +342,8 @@ class Translator:
                 raise InvalidInputError(f"source_ids[{index}] must be a non-empty list of ids below {vocab}")
             if len(ids) > self.config.max_position_embeddings:
                 raise InputTooLongError(f"source_ids[{index}] is longer than max_position_embeddings")
-        if self.backend is not None:
-            return self._generate_with_backend(source_ids, options, return_attention)
         head = self.alignment_head if alignment_attention else None
         return beam_search(self.model, source_ids, options, return_attention=return_attention, alignment_head=head)
-
-    def _generate_with_backend(
-        self, source_ids: list[list[int]], options: DecodingOptions, return_attention: bool
-    ) -> list[list[Hypothesis]]:
-        """CTranslate2's hypotheses; with return_attention every map is the exact model's forced decode of them."""
-        nbest = self.backend.generate(source_ids, options)
-        if return_attention:
-            for ids, hypotheses in zip(source_ids, nbest, strict=True):
-                for hypothesis in hypotheses:
-                    decoded = forced_decode(self.exact_model, list(ids), hypothesis.token_ids)
-                    hypothesis.cross_attention, hypothesis.alignment_attention = decoded.cross_attention, None
-        return nbest
 
     def translate(
         self,
@@ -461,10 +387,6 @@ class Translator:
     def start_continuous(self, max_rows: int = 64, max_waiting: int = 1024) -> None:
         """Start the continuous-batching loop `submit` feeds (model.scheduler.DecodeLoop): texts join
         and leave the running decode at every step, each decoded as if alone."""
-        if self.backend is not None:
-            raise InvalidInputError(
-                "the continuous scheduler decodes with our engine; engine ctranslate2 serves batched translate only"
-            )
         if self._loop is None:
             self._loop = DecodeLoop(
                 self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head

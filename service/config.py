@@ -13,8 +13,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from model import CTRANSLATE2_COMPUTE_TYPES, ENGINES, ctranslate2_available
-
 MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -35,40 +33,6 @@ class ModelSpec(BaseModel):
         pattern=r"^(float32|bfloat16|float16|int8)$",
         description="Weights' dtype on the device. int8 (CPU only): int8 decoding, explanations from the fp32 weights.",
     )
-    engine: Literal[ENGINES] = Field(  # type: ignore[valid-type]
-        "torch",
-        description='What searches: "torch", our engine (the exact mode in float32), or "ctranslate2" (CPU, the '
-        "`fast` extra): CTranslate2's beam search at compute_type, its alignment head's attention for the "
-        "alignments, explanations computed by our float32 engine over the tokens it chose.",
-    )
-    compute_type: str | None = Field(
-        None,
-        description=f"engine ctranslate2: one of {', '.join(CTRANSLATE2_COMPUTE_TYPES)} (default int8).",
-    )
-    threads: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="engine ctranslate2: CTranslate2's threads per translation (intra_threads); default torch's "
-        "thread count in the replica, which Ray sets from num_cpus (1 below 1).",
-    )
-
-    @model_validator(mode="after")
-    def _engine_settings(self) -> ModelSpec:
-        if self.engine != "ctranslate2":
-            if self.compute_type is not None or self.threads is not None:
-                raise ValueError(f"model {self.id}: compute_type and threads are engine ctranslate2 settings")
-            return self
-        if self.compute_type is not None and self.compute_type not in CTRANSLATE2_COMPUTE_TYPES:
-            raise ValueError(f"model {self.id}: compute_type must be one of {', '.join(CTRANSLATE2_COMPUTE_TYPES)}")
-        if self.dtype != "float32":
-            raise ValueError(f"model {self.id}: engine ctranslate2 takes compute_type, not dtype")
-        if not ctranslate2_available():
-            raise ValueError(
-                f"model {self.id}: engine ctranslate2 needs the ctranslate2 package, which is not installed: "
-                "pip install 'attention-translate[fast]'"
-            )
-        return self
 
     @property
     def expanded_path(self) -> str:
@@ -148,16 +112,6 @@ class ServiceConfig(BaseModel):
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids):
             raise ValueError(f"model ids must be unique, got {ids}")
-        return self
-
-    @model_validator(mode="after")
-    def _continuous_runs_our_engine(self) -> ServiceConfig:
-        fast = [m.id for m in self.models if m.engine == "ctranslate2"]
-        if self.scheduler == "continuous" and fast:
-            raise ValueError(
-                f"scheduler continuous decodes with our engine; models {', '.join(fast)} set engine ctranslate2, "
-                "which serves the static scheduler only"
-            )
         return self
 
     def resolved_api_keys(self) -> list[str]:

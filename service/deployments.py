@@ -96,13 +96,7 @@ class TranslatorDeployment:
     ) -> None:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
-        self.translator = Translator.from_pretrained(
-            self.spec.expanded_path,
-            dtype=self.spec.dtype,
-            engine=self.spec.engine,
-            compute_type=self.spec.compute_type,
-            threads=self.spec.threads,
-        )
+        self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=self.spec.dtype)
         self.continuous = scheduler == "continuous"
         self._rows_task: asyncio.Task | None = None
         if self.continuous:
@@ -127,7 +121,6 @@ class TranslatorDeployment:
             "target_lang": self.spec.target_lang,
             "weights_digest": self.translator.weights_digest,
             "device": str(self.translator.device),
-            "engine": self.translator.engine,
             "precision": self.translator.precision,
             "explanation_precision": self.translator.explanation_precision,
             "encoder_layers": config.encoder_layers,

@@ -309,22 +309,15 @@ class ModelInfo(BaseModel):
     target_lang: str
     weights_digest: str = Field(description="First 16 hex digits of the SHA-256 of model.safetensors.")
     device: str
-    engine: str = Field(
-        "torch",
-        description='What searches: "torch" (our engine) or "ctranslate2" (CTranslate2 at `precision`, its compute '
-        "type; the alignments are its alignment head's attention). Explanations always run our engine.",
-    )
     precision: str = Field(
         "float32",
-        description="How translations are decoded: float32 (exact), bfloat16, float16 or int8 (the model's dtype); "
-        "under engine ctranslate2 its compute type (int8, int8_float32, float32, ...).",
+        description="How translations are decoded: float32 (exact), bfloat16, float16 or int8 (the model's dtype).",
     )
     explanation_precision: str = Field(
         "float32",
-        description="How explanations (/v1/explain, /v1/explanations) are computed. Under int8 decoding or engine "
-        "ctranslate2: float32 in our engine, by forced decoding of the tokens the fast search chose; their maps may "
-        "differ from the alignments and attention /v1/translate returned (those are the fast search's) by "
-        "quantization error. /v1/translate's full attention maps under ctranslate2 are that same forced decode.",
+        description="How explanations (/v1/explain, /v1/explanations) are computed. Under int8 decoding: float32, "
+        "by forced decoding of the tokens the int8 search chose; their maps may differ from the alignments and "
+        "attention /v1/translate returned (those are the int8 search's) by quantization error.",
     )
     encoder_layers: int
     decoder_layers: int

@@ -36,7 +36,6 @@ STARTUP_ATTEMPTS = 3
 API_KEYS = ("test-key-one", "test-key-two")
 ALLOWED_ORIGIN = "https://viewer.example"
 GUARDED_PREFIX = "/guarded"
-FAST_PREFIX = "/fast"  # an application whose en-zh searches with CTranslate2 (engine: ctranslate2)
 # The scheduler every test service runs (args.scheduler): static, deploy/serve.yaml's default, unless
 # TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
 TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
@@ -93,17 +92,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     guarded_translator = _deployment(template, "translator-en-zh")
     guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
     guarded["deployments"] = [_deployment(template, "Ingress"), guarded_translator]
-
-    fast = copy.deepcopy(template)
-    fast.update(name="fast", route_prefix=FAST_PREFIX)
-    fast["args"]["models"] = [
-        {**main["args"]["models"][0], "engine": "ctranslate2", "compute_type": "float32"},  # the same tiny en-zh
-    ]
-    fast["args"].update(max_batch_size=16, metrics_dir=str(metrics_root / "fast"))
-    fast_translator = _deployment(template, "translator-en-zh")
-    fast_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
-    fast["deployments"] = [_deployment(template, "Ingress"), fast_translator]
-    config["applications"] = [main, guarded, fast]
+    config["applications"] = [main, guarded]
     return config
 
 
@@ -184,15 +173,9 @@ def serve_instance(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[s
     for url, config, log_path in serve_started(
         root,
         lambda port, metrics: serve_config_for_tests(tiny_models, metrics, port),
-        ("/readyz", f"{GUARDED_PREFIX}/readyz", f"{FAST_PREFIX}/readyz"),
+        ("/readyz", f"{GUARDED_PREFIX}/readyz"),
     ):
-        yield {
-            "url": url,
-            "guarded_url": url + GUARDED_PREFIX,
-            "fast_url": url + FAST_PREFIX,
-            "config": config,
-            "log": log_path,
-        }
+        yield {"url": url, "guarded_url": url + GUARDED_PREFIX, "config": config, "log": log_path}
 
 
 def _serve_command(config_path: Path) -> list[str]:
@@ -216,12 +199,6 @@ def service_url(serve_instance: dict) -> str:
 def guarded_url(serve_instance: dict) -> str:
     """Base URL of the application with API keys, CORS, a 1-request limit and a short timeout."""
     return serve_instance["guarded_url"]
-
-
-@pytest.fixture(scope="session")
-def fast_url(serve_instance: dict) -> str:
-    """Base URL of the application whose en-zh (the same tiny model) searches with CTranslate2 in float32."""
-    return serve_instance["fast_url"]
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,12 @@ from service.config import ServiceConfig, translator_deployment_name
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
 SERVE_GPU_CONFIG = yaml.safe_load((REPO / "deploy" / "serve-gpu.yaml").read_text())
-SERVE_FAST_CONFIG = yaml.safe_load((REPO / "deploy" / "serve-fast.yaml").read_text())
 RAY_SERVICE = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice.yaml").read_text())
 RAY_SERVICE_GPU = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice-gpu.yaml").read_text())
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
 # Each Serve config, and the RayService that embeds it.
-SERVE_CONFIGS = {"serve.yaml": SERVE_CONFIG, "serve-gpu.yaml": SERVE_GPU_CONFIG, "serve-fast.yaml": SERVE_FAST_CONFIG}
+SERVE_CONFIGS = {"serve.yaml": SERVE_CONFIG, "serve-gpu.yaml": SERVE_GPU_CONFIG}
 PAIRS = {"rayservice.yaml": (RAY_SERVICE, SERVE_CONFIG), "rayservice-gpu.yaml": (RAY_SERVICE_GPU, SERVE_GPU_CONFIG)}
 each_serve_config = pytest.mark.parametrize("serve_config", list(SERVE_CONFIGS.values()), ids=list(SERVE_CONFIGS))
 each_ray_service = pytest.mark.parametrize(("ray_service", "serve_config"), list(PAIRS.values()), ids=list(PAIRS))
@@ -85,41 +84,8 @@ def test_the_rayservice_is_a_kuberay_rayservice(ray_service, serve_config):
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("attention-translate")
 
 
-@pytest.mark.parametrize("serve_config", [SERVE_CONFIG, SERVE_FAST_CONFIG], ids=["serve.yaml", "serve-fast.yaml"])
-def test_the_cpu_serve_configs_ask_for_no_gpu(serve_config):
-    assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(serve_config))
-
-
-def without_engine_settings(serve_config: dict) -> dict:
-    """The config less each model's engine settings (engine, compute_type, threads)."""
-    config = copy.deepcopy(serve_config)
-    for application in config["applications"]:
-        for model in application["args"]["models"]:
-            model.pop("engine", None)
-            model.pop("compute_type", None)
-            model.pop("threads", None)
-    return config
-
-
-def test_the_fast_serve_config_differs_from_serve_yaml_only_in_the_engine():
-    assert without_engine_settings(SERVE_FAST_CONFIG) == without_engine_settings(SERVE_CONFIG)
-    (application,) = SERVE_FAST_CONFIG["applications"]
-    config = ServiceConfig.model_validate(application["args"])
-    assert {(m.engine, m.compute_type, m.dtype) for m in config.models} == {("ctranslate2", "int8", "float32")}
-    assert config.scheduler == "static"  # the continuous scheduler runs our engine only
-
-
-def test_the_default_serve_config_searches_with_our_exact_engine():
-    """The attention /v1/translate shows is the attention that produced each token (issue #16): CTranslate2
-    is the opt-in deploy/serve-fast.yaml."""
-    (application,) = SERVE_CONFIG["applications"]
-    assert {m.engine for m in ServiceConfig.model_validate(application["args"]).models} == {"torch"}
-
-
-def test_the_drift_check_catches_a_changed_fast_argument():
-    drifted = copy.deepcopy(SERVE_FAST_CONFIG)
-    drifted["applications"][0]["args"]["max_batch_size"] += 1
-    assert without_engine_settings(drifted) != without_engine_settings(SERVE_CONFIG)
+def test_the_cpu_serve_config_asks_for_no_gpu():
+    assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(SERVE_CONFIG))
 
 
 def without_gpu_settings(serve_config: dict) -> list[dict]:
@@ -244,25 +210,3 @@ def test_the_service_package_imports_no_tensor_library_at_module_level():
         source = path.read_text()
         assert not re.search(r"^(import torch|from torch)", source, re.MULTILINE), path
         assert not re.search(r"^\s*(import|from) transformers", source, re.MULTILINE), path
-
-
-def test_a_ctranslate2_model_under_the_continuous_scheduler_is_a_config_error():
-    (application,) = copy.deepcopy(SERVE_FAST_CONFIG)["applications"]
-    application["args"]["scheduler"] = "continuous"
-    with pytest.raises(ValueError, match="continuous decodes with our engine"):
-        ServiceConfig.model_validate(application["args"])
-
-
-@pytest.mark.parametrize(
-    ("setting", "message"),
-    [
-        ({"compute_type": "int8"}, "engine ctranslate2 settings"),
-        ({"threads": 2}, "engine ctranslate2 settings"),
-        ({"engine": "ctranslate2", "dtype": "int8"}, "not dtype"),
-    ],
-)
-def test_engine_settings_that_do_not_fit_are_config_errors(setting, message):
-    (application,) = copy.deepcopy(SERVE_CONFIG)["applications"]
-    application["args"]["models"][0].update(setting)
-    with pytest.raises(ValueError, match=message):
-        ServiceConfig.model_validate(application["args"])
