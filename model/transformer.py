@@ -192,15 +192,25 @@ def int8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: PackedWe
     return out.mul_(scale) if bias is None else torch.addcmul(bias, out, scale)
 
 
+def _runs_int8(x: Tensor, weight: Tensor, packed: PackedWeight) -> bool:
+    """Whether `linear` multiplies x by this weight in int8: int8 mode, CPU inference in fp32, a large enough matmul."""
+    return (
+        packed.int8 is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and x.numel() * weight.size(0) >= INT8_MIN_MACS
+    )
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: PackedWeight) -> Tensor:
     """x Wᵀ + b; through the prepacked weight when running inference on CPU, else F.linear.
 
     Weights in a lower precision than x (a bf16 model, see Transformer.cast_weights) multiply
     in their own dtype; the result comes back in x's dtype, so activations stay fp32.
     """
-    if packed.int8 and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
-        if x.numel() * weight.size(0) >= INT8_MIN_MACS:
-            return int8_linear(x, weight, bias, packed)
+    if _runs_int8(x, weight, packed):
+        return int8_linear(x, weight, bias, packed)
     if x.dtype != weight.dtype and x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
         return linear(x.to(weight.dtype), weight, bias, packed).to(x.dtype)
     if ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled():
@@ -605,11 +615,7 @@ class Transformer(nn.Module):
         """
         weight = self.output_weight
         logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
-        approximate = weight.dtype != hidden.dtype or (
-            self._output_packed.int8 is not None and hidden.device.type == "cpu" and not torch.is_grad_enabled()
-            and hidden.numel() * weight.size(0) >= INT8_MIN_MACS
-        )
-        if not approximate:
+        if weight.dtype == hidden.dtype and not _runs_int8(hidden, weight, self._output_packed):
             return logits
         candidates = logits.topk(min(RESCORED_CANDIDATES, logits.size(-1)), dim=-1).indices  # (..., m)
         exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
