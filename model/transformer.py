@@ -614,9 +614,9 @@ class Transformer(nn.Module):
         would otherwise decide the near-ties between the best tokens.
         """
         weight = self.output_weight
-        logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
         if weight.dtype == hidden.dtype and not _runs_int8(hidden, weight, self._output_packed):
-            return logits
+            return linear(hidden, weight, self.final_logits_bias, self._output_packed)  # bias added in the matmul
+        logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
         candidates = logits.topk(min(RESCORED_CANDIDATES, logits.size(-1)), dim=-1).indices  # (..., m)
         exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
         return logits.scatter(-1, candidates, exact + self.final_logits_bias[candidates])

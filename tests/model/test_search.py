@@ -114,3 +114,23 @@ def test_default_length_budget_grows_with_the_source(translator):
     for source, length in zip(sources, lengths, strict=True):
         assert len(source) <= length <= 2 * len(source) + 10  # generous, and bounded as documented
     assert lengths[-1] > 2 * len(sources[0]) + 10  # longer than the shortest source's budget could ever allow
+
+
+@pytest.mark.parametrize("rows, width, m", [(16, 8935, 8), (64, 8935, 8), (20, 32000, 16), (16, 300, 4), (33, 1000, 2)])
+def test_row_topk_ranks_as_torch_topk(rows, width, m):
+    """The chunk-maxima ranking of beam search returns torch.topk's values and columns, including rows that are
+    -inf but for one token (a forced </s>) and a banned column, at widths that are no multiple of the chunk."""
+    from model.search import row_topk
+
+    generator = torch.Generator().manual_seed(rows * width + m)
+    scores = torch.randn(rows, width, generator=generator).log_softmax(-1)
+    scores[:, 3] = float("-inf")  # a banned token (pad)
+    scores[1] = float("-inf")
+    scores[1, 0] = 0.0  # a row forced to end
+    scores[2, -1] = 5.0  # the best token in the tail past the last whole chunk
+    values, columns = row_topk(scores, m)
+    expected = torch.topk(scores, m, dim=1)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(scores.gather(1, columns), values)
+    finite = torch.isfinite(expected.values)  # the order of tied -inf columns is unspecified
+    assert torch.equal(columns[finite], expected.indices[finite])
