@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         us = result["us"]
         print(f"| {result['rows']} | {us['torch.topk']} | {us['row_topk']} | {result['speedup']}x |")
     report = {
-        "command": "python -m bench.search_step",
+        "command": " ".join(["python -m bench.search_step", *sys.argv[1:]]),
         "machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
         "vocabulary": VOCABULARY,
         "results": results,
