@@ -26,7 +26,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
-from model.search import TOPK_CHUNK, row_topk  # noqa: E402
+from model.topk import TOPK_CHUNK, row_topk  # noqa: E402
 
 VOCABULARY = 8935  # the shipped models' target vocabulary
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.topk import row_topk
 
 _ACTIVATIONS = {
     "swish": F.silu,
@@ -617,9 +618,10 @@ class Transformer(nn.Module):
         if weight.dtype == hidden.dtype and not _runs_int8(hidden, weight, self._output_packed):
             return linear(hidden, weight, self.final_logits_bias, self._output_packed)  # bias added in the matmul
         logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
-        candidates = logits.topk(min(RESCORED_CANDIDATES, logits.size(-1)), dim=-1).indices  # (..., m)
+        rows = logits.view(-1, logits.size(-1))  # the candidates' order does not matter, only which they are
+        candidates = row_topk(rows, min(RESCORED_CANDIDATES, rows.size(-1)))[1].view(*logits.shape[:-1], -1)  # (..., m)
         exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
-        return logits.scatter(-1, candidates, exact + self.final_logits_bias[candidates])
+        return logits.scatter_(-1, candidates, exact + self.final_logits_bias[candidates])  # logits is ours: in place
 
     # ---- encoder ----------------------------------------------------------------------
     def encode(self, source_ids: Tensor, source_mask: Tensor, need_weights: bool = False) -> EncoderOutput:
