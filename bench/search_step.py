@@ -17,7 +17,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,16 +25,10 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
+from bench.profile_step import wall_ms  # noqa: E402
 from model.topk import TOPK_CHUNK, row_topk  # noqa: E402
 
 VOCABULARY = 8935  # the shipped models' target vocabulary
-
-
-def per_call_us(function, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        function()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(rows: int, m: int, rounds: int, calls: int) -> dict:
@@ -46,8 +39,8 @@ def measure(rows: int, m: int, rounds: int, calls: int) -> dict:
         raise SystemExit(f"row_topk differs from torch.topk at {rows} rows")
     timings: dict[str, list[float]] = {"torch.topk": [], "row_topk": []}
     for _ in range(rounds):
-        timings["torch.topk"].append(per_call_us(lambda: torch.topk(scores, m, dim=1), calls))
-        timings["row_topk"].append(per_call_us(lambda: row_topk(scores, m), calls))
+        timings["torch.topk"].append(wall_ms(lambda: torch.topk(scores, m, dim=1), calls) * 1e3)
+        timings["row_topk"].append(wall_ms(lambda: row_topk(scores, m), calls) * 1e3)
     medians = {name: statistics.median(values) for name, values in timings.items()}
     return {"rows": rows, "m": m, "us": {k: round(v, 1) for k, v in medians.items()},
             "speedup": round(medians["torch.topk"] / medians["row_topk"], 2)}

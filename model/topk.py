@@ -29,9 +29,9 @@ def row_topk(scores: Tensor, m: int) -> tuple[Tensor, Tensor]:
         return torch.topk(scores, m, dim=1)
     whole = scores.as_strided((rows, chunks, TOPK_CHUNK), (width, TOPK_CHUNK, 1))  # the whole chunks, no copy
     best_chunks = whole.amax(dim=2).topk(m, dim=1).indices  # (R, m)
-    picked = whole[torch.arange(rows, device=scores.device)[:, None], best_chunks].view(rows, m * TOPK_CHUNK)
-    values, index = torch.cat([picked, scores[:, chunks * TOPK_CHUNK :]], dim=1).topk(m, dim=1)  # (R, m)
     picked_width, tail_start = m * TOPK_CHUNK, chunks * TOPK_CHUNK
+    picked = whole[torch.arange(rows, device=scores.device)[:, None], best_chunks].view(rows, picked_width)
+    values, index = torch.cat([picked, scores[:, tail_start:]], dim=1).topk(m, dim=1)  # (R, m)
     chunk = best_chunks.gather(1, (index // TOPK_CHUNK).clamp_max_(m - 1))
     in_chunks = chunk * TOPK_CHUNK + index % TOPK_CHUNK
     column = torch.where(index < picked_width, in_chunks, index - picked_width + tail_start)

@@ -121,8 +121,7 @@ def word_links(
     if not candidates:
         candidates = list(range(len(source_groups)))
     # Each target word's rows averaged, then each candidate source word's columns summed: two small matmuls
-    # (looping over words with tensor operations cost about 0.9 ms a sentence, 40% of what CTranslate2 int8
-    # needs to search one: it mattered once the search was fast).
+    # (looping over words with tensor operations cost about 0.9 ms a sentence, against 0.16 ms this way).
     target_length, source_length = matrix.shape
     average = [[0.0] * target_length for _ in target_groups]
     for word, pieces in enumerate(target_groups):
