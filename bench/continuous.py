@@ -10,7 +10,8 @@ For each scheduler (args.scheduler static, then continuous; one service at a tim
 2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
 3. alone: short texts one at a time (concurrency 1): the floor a short text's latency cannot go below;
 4. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
-Ratios are continuous / static from the same run.
+Ratios are continuous / static from the same run: medians over --rounds rounds (default 3), each round
+starting both services afresh, the scheduler that goes first alternating.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import json
 import platform
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a share of static capacity")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of both schedulers, alternating; medians")
     parser.add_argument(
         "--engine-only", action="store_true", help="only the engine comparison (no service), to --output"
     )
@@ -179,34 +182,49 @@ def main(argv: list[str] | None = None) -> int:
         "schedulers": {},
     }
     rate = None
-    for scheduler in ("static", "continuous"):
-        config = bench_config(free_port(), None)
-        config["applications"][0]["args"]["scheduler"] = scheduler
-        with tempfile.TemporaryDirectory(prefix=f"bench-{scheduler}-") as scratch:
-            with serve_running(config, Path(scratch)) as url:
-                result: dict[str, Any] = {}
-                warm = translate_bodies(short, 1, beam_size=args.beam_size)
-                asyncio.run(run_load(f"{url}/v1/translate", warm, 32, 8))
-                if rate is None:  # static's capacity on the mix: closed loop, the same texts
-                    mix = [rng.choice(long) if i % 4 == 0 else rng.choice(short) for i in range(64)]
-                    bodies = translate_bodies(mix, 1, beam_size=args.beam_size, split_sentences=False)
-                    capacity = asyncio.run(run_load(f"{url}/v1/translate", bodies, 64, 32)).summary()
-                    rate = args.load * capacity["texts_per_s"]
-                    report["static_mixed_capacity_texts_per_s"] = capacity["texts_per_s"]
-                    report["arrival_rate_per_s"] = round(rate, 2)
-                arrivals = mixed_arrivals(short, long, rate, mixed_count, seed=1)
-                result["mixed"] = asyncio.run(open_loop(url, arrivals, args.beam_size))
-                bodies = translate_bodies(sentences, 1, beam_size=args.beam_size)
-                result["closed"] = asyncio.run(run_load(f"{url}/v1/translate", bodies, closed_count, 32)).summary()
-                alone = translate_bodies(short, 1, beam_size=args.beam_size, split_sentences=False)
-                result["alone"] = asyncio.run(run_load(f"{url}/v1/translate", alone, alone_count, 1)).summary()
-                if scheduler == "continuous":
-                    text = short[0]
-                    result["first_token_ms"] = {
-                        "concurrency_1": asyncio.run(first_token_ms(url, text, 1, 10)),
-                        "concurrency_32": asyncio.run(first_token_ms(url, text, 32, 2)),
-                    }
-                report["schedulers"][scheduler] = result
+    runs: dict[str, list[dict[str, Any]]] = {"static": [], "continuous": []}
+    for round_ in range(args.rounds):
+        # alternate which scheduler goes first: a drift in the machine's speed then favours neither
+        order = ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static")
+        if rate is None:
+            order = ("static", "continuous")  # the arrival rate comes from static's capacity
+        for scheduler in order:
+            config = bench_config(free_port(), None)
+            config["applications"][0]["args"]["scheduler"] = scheduler
+            with tempfile.TemporaryDirectory(prefix=f"bench-{scheduler}-") as scratch:
+                with serve_running(config, Path(scratch)) as url:
+                    result: dict[str, Any] = {}
+                    warm = translate_bodies(short, 1, beam_size=args.beam_size)
+                    asyncio.run(run_load(f"{url}/v1/translate", warm, 32, 8))
+                    if rate is None:  # static's capacity on the mix: closed loop, the same texts
+                        mix = [rng.choice(long) if i % 4 == 0 else rng.choice(short) for i in range(64)]
+                        bodies = translate_bodies(mix, 1, beam_size=args.beam_size, split_sentences=False)
+                        capacity = asyncio.run(run_load(f"{url}/v1/translate", bodies, 64, 32)).summary()
+                        rate = args.load * capacity["texts_per_s"]
+                        report["static_mixed_capacity_texts_per_s"] = capacity["texts_per_s"]
+                        report["arrival_rate_per_s"] = round(rate, 2)
+                    arrivals = mixed_arrivals(short, long, rate, mixed_count, seed=1 + round_)
+                    result["mixed"] = asyncio.run(open_loop(url, arrivals, args.beam_size))
+                    bodies = translate_bodies(sentences, 1, beam_size=args.beam_size)
+                    closed = asyncio.run(run_load(f"{url}/v1/translate", bodies, closed_count, 32)).summary()
+                    result["closed"] = closed
+                    alone = translate_bodies(short, 1, beam_size=args.beam_size, split_sentences=False)
+                    result["alone"] = asyncio.run(run_load(f"{url}/v1/translate", alone, alone_count, 1)).summary()
+                    if scheduler == "continuous":
+                        text = short[0]
+                        result["first_token_ms"] = {
+                            "concurrency_1": asyncio.run(first_token_ms(url, text, 1, 10)),
+                            "concurrency_32": asyncio.run(first_token_ms(url, text, 32, 2)),
+                        }
+                    runs[scheduler].append(result)
+            print(
+                f"round {round_ + 1}/{args.rounds} {scheduler}: short p50 {result['mixed']['short_p50_ms']} ms, "
+                f"closed {result['closed']['texts_per_s']} texts/s",
+                flush=True,
+            )
+    report["rounds"] = args.rounds
+    report["schedulers"] = {name: medians(results) for name, results in runs.items()}
+    report["per_round"] = runs
     static, continuous = report["schedulers"]["static"], report["schedulers"]["continuous"]
 
     def ratio(a: float | None, b: float | None) -> float | None:
@@ -218,10 +236,39 @@ def main(argv: list[str] | None = None) -> int:
         "mixed_throughput": ratio(continuous["mixed"]["texts_per_s"], static["mixed"]["texts_per_s"]),
         "closed_throughput": ratio(continuous["closed"]["texts_per_s"], static["closed"]["texts_per_s"]),
     }
+    report["ratios_per_round"] = {
+        "short_p50": [
+            ratio(c["mixed"]["short_p50_ms"], s["mixed"]["short_p50_ms"])
+            for c, s in zip(runs["continuous"], runs["static"], strict=True)
+        ],
+        "closed_throughput": [
+            ratio(c["closed"]["texts_per_s"], s["closed"]["texts_per_s"])
+            for c, s in zip(runs["continuous"], runs["static"], strict=True)
+        ],
+    }
     print_table(report)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each number's median over rounds of the same measurements (other values from the first round)."""
+    first = results[0]
+    merged: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [result.get(key) for result in results]
+        if isinstance(value, dict):
+            merged[key] = medians(values)
+        elif (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and all(isinstance(v, int | float) for v in values)
+        ):
+            merged[key] = round(statistics.median(values), 2)
+        else:
+            merged[key] = value
+    return merged
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -403,9 +403,7 @@ def _beam(
     config = model.config
     device = encoder.hidden.device
     batch = len(lengths)
-    encoder.hidden = encoder.hidden.repeat_interleave(k, dim=0)
-    encoder.mask = encoder.mask.repeat_interleave(k, dim=0)
-    cache = model.start_cache(encoder, capacity=max(budgets))
+    cache = model.start_cache(encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
 
     active = list(range(batch))  # original index of each active input
     budget = torch.tensor(budgets, device=device)

@@ -674,9 +674,12 @@ class Transformer(nn.Module):
         return self.logits(hidden)
 
     # ---- decoder, one step at a time (search) ----------------------------------------
-    def start_cache(self, encoder: EncoderOutput, capacity: int) -> DecoderCache:
-        """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps."""
-        batch = encoder.hidden.size(0)
+    def start_cache(self, encoder: EncoderOutput, capacity: int, beams: int = 1) -> DecoderCache:
+        """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
+
+        beams: rows per source (beam search's k): each source's K/V is projected once and copied to its k rows.
+        """
+        batch = encoder.hidden.size(0) * beams
         self_key, self_value, cross_key, cross_value = [], [], [], []
         for layer in self.decoder_layers:
             attn = layer.self_attn
@@ -684,9 +687,11 @@ class Transformer(nn.Module):
             self_key.append(encoder.hidden.new_empty(shape))
             self_value.append(encoder.hidden.new_empty(shape))
             key, value = layer.encoder_attn.project_key_value(encoder.hidden)
-            cross_key.append(key.contiguous())  # (B, h, S, d_k) laid out for the per-step matmuls, copied once
-            cross_value.append(value.contiguous())
-        mask = additive_mask(encoder.mask[:, None, None, :], encoder.hidden.dtype)  # None when nothing is padded
+            # (B·beams, h, S, d_k), laid out for the per-step matmuls: copied once
+            cross_key.append(key.repeat_interleave(beams, dim=0) if beams > 1 else key.contiguous())
+            cross_value.append(value.repeat_interleave(beams, dim=0) if beams > 1 else value.contiguous())
+        source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
+        mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
         return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
 
     def decode_step(
