@@ -77,9 +77,16 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
 
 
 ONEDNN = torch.backends.mkldnn.is_available()
-# Below this many multiply-adds (rows × in × out) oneDNN's fixed cost per call (~15 µs here) outweighs its
-# faster kernel and plain F.linear wins: the one-row decoding steps of small models. Measured on this
-# machine's 2-core AMD EPYC (fp32, 1 thread): 256→1024 at 1 row 29 µs vs 36 µs, at 2 rows 48 vs 37.
+# fp32 inference on the CPU multiplies by a copy of each weight laid out (in, out), x @ Wᵀ as one plain
+# GEMM (torch.addmm), rather than by W (out, in) through F.linear's transposed GEMM or by oneDNN's prepacked
+# copy: the decoding steps read every weight once per step, and this layout streams it fastest.
+# `python -m bench.linear_kernels --rounds 5` (2-core Intel Xeon; the en-zh decoder step's 19 weights, 19.2 MiB,
+# one thread): 982 against 1,502 µs through oneDNN at 4 rows, 4,505 against 5,054 at 64, 1.02× at 240 (an
+# encoder batch); the engine at beam 4: 27.9 against 32.3 CPU ms per text alone, 8.2 against 8.1 in batches of 16.
+TRANSPOSED_FP32 = True
+# bf16 weights go through oneDNN (its bf16 kernels); below this many multiply-adds (rows × in × out) oneDNN's
+# fixed cost per call outweighs its faster kernel in fp32 and plain F.linear wins (used when TRANSPOSED_FP32
+# is off). Measured on a 2-core AMD EPYC (fp32, 1 thread): 256→1024 at 1 row 29 µs vs 36 µs, at 2 rows 48 vs 37.
 SMALL_MATMUL = 300_000
 # int8 weights (Transformer.quantize_int8) only from this many multiply-adds: below it the quantization's own
 # steps cost more than the int8 kernel saves, and fp32 is exact. Measured here (1 thread): at 4 rows (beam 4, one
@@ -108,11 +115,11 @@ REDUCE_RANGE = not _has_vnni()
 
 
 class PackedWeight:
-    """A oneDNN-prepacked copy of a weight (out, in) for CPU inference, rebuilt whenever the weight changes.
+    """Copies of a weight (out, in) laid out for CPU inference, each rebuilt whenever the weight changes.
 
-    oneDNN picks a blocked memory layout for the weight once instead of on every call: the
-    decoder-step matmuls run about 1.3-2× faster on this machine (more in bf16). Results agree
-    with F.linear to float rounding (~1e-6 in fp32).
+    fp32: the weight transposed to (in, out), contiguous (`get_transposed`, see TRANSPOSED_FP32).
+    bf16: oneDNN's prepacked copy (`get`): oneDNN picks a blocked memory layout for the weight once
+    instead of on every call. Results agree with F.linear to float rounding (~1e-6 in fp32).
 
     `int8` (an engine of INT8_ENGINES, set by Transformer.quantize_int8) switches CPU inference to
     int8 weights: see `int8_linear`.
@@ -125,6 +132,8 @@ class PackedWeight:
         self.int8_rows = False  # activations quantized per row instead of per call
         self.int8_stamp: tuple | None = None
         self.int8_packed = None  # torch.classes.quantized.LinearPackedParamsBase
+        self.transposed_stamp: tuple | None = None
+        self.transposed: Tensor | None = None
 
     def get(self, weight: Tensor) -> Tensor:
         stamp = _stamp(weight)
@@ -132,6 +141,14 @@ class PackedWeight:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
             self.stamp = stamp
         return self.packed
+
+    def get_transposed(self, weight: Tensor) -> Tensor:
+        """Wᵀ (in, out), contiguous: what `linear` multiplies fp32 rows by (see TRANSPOSED_FP32)."""
+        stamp = _stamp(weight)
+        if stamp != self.transposed_stamp:
+            self.transposed = weight.detach().t().contiguous()
+            self.transposed_stamp = stamp
+        return self.transposed
 
     def get_int8(self, weight: Tensor, bias: Tensor | None):
         """The weight quantized per output channel (symmetric int8) and prepacked with its fp32 bias."""
@@ -214,7 +231,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: PackedWeight)
         return int8_linear(x, weight, bias, packed)
     if x.dtype != weight.dtype and x.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
         return linear(x.to(weight.dtype), weight, bias, packed).to(x.dtype)
-    if ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled():
+    cpu_inference = x.device.type == "cpu" and not torch.is_grad_enabled()
+    if TRANSPOSED_FP32 and cpu_inference and x.dtype == torch.float32 and weight.dtype == torch.float32:
+        transposed = packed.get_transposed(weight)  # (in, out)
+        rows = x.reshape(-1, x.size(-1))
+        out = torch.mm(rows, transposed) if bias is None else torch.addmm(bias, rows, transposed)
+        return out.view(*x.shape[:-1], out.size(-1))
+    if ONEDNN and cpu_inference and x.dtype in (torch.float32, torch.bfloat16):
         if x.dtype == torch.bfloat16 or x.numel() * weight.size(0) >= SMALL_MATMUL:
             return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
     return F.linear(x, weight, bias)
