@@ -8,8 +8,10 @@
    - "F.linear": W (out, in) as stored, a transposed GEMM;
    - "oneDNN prepacked": oneDNN's blocked copy of W (what fp32 decoding used before TRANSPOSED_FP32);
    - "addmm (in, out)": a contiguous copy of Wᵀ, a plain GEMM (model.transformer.linear with TRANSPOSED_FP32);
-   µs per pass over the 19 weights, best of --calls, at 1, 4, 16, 64 rows (beam 4 × 1 and 16 texts) and 240
-   (an encoder batch).
+   and, for comparison, kernels that read fewer bytes per weight (not exact): bf16 weights through oneDNN, torch's
+   dynamic int8 linear (fbgemm, what the int8 mode uses) and int8 weights with bf16 activations
+   (torch._weight_int8pack_mm); µs per pass over the 19 weights, best of --calls, at 1, 4, 16, 64 rows (beam 4 ×
+   1 and 16 texts) and 240 (an encoder batch).
 2. engine: the shipped model translating --texts dev sentences at beam 4, one at a time and in batches of 16,
    with TRANSPOSED_FP32 on and off in the same process, taking turns over --rounds rounds: median CPU ms per text,
    and whether both give the same token ids.
@@ -84,9 +86,38 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
         for (weight, bias), copy in zip(weights, transposed, strict=True):
             torch.addmm(bias, inputs[weight.size(1)], copy)
 
-    timings: dict[str, list[float]] = {"F.linear": [], "oneDNN prepacked": [], "addmm (in, out)": []}
+    # fewer bytes per weight, for comparison (not exact: bf16 weights, or int8 weights with per-channel scales)
+    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None) for weight, _ in weights]
+    int8_packed = [transformer.prepack_int8(weight.float(), bias, "fbgemm") for weight, bias in weights]
+    int8_weights = []
+    for weight, _ in weights:
+        integers, scales = transformer.quantize_per_channel(weight.float())
+        int8_weights.append((integers, scales.bfloat16()))
+
+    def bf16():
+        for (weight, bias), packed in zip(weights, bf16_packed, strict=True):
+            x = inputs[weight.size(1)].bfloat16()
+            torch.ops.mkldnn._linear_pointwise(x, packed, bias.bfloat16(), "none", [], "").float()
+
+    def int8_dynamic():
+        for (weight, _), packed in zip(weights, int8_packed, strict=True):
+            torch.ops.quantized.linear_dynamic(inputs[weight.size(1)], packed, transformer.REDUCE_RANGE)
+
+    def int8_weight_only():
+        for (weight, _), (integers, scales) in zip(weights, int8_weights, strict=True):
+            torch._weight_int8pack_mm(inputs[weight.size(1)].bfloat16(), integers, scales).float()
+
+    kernels = {
+        "F.linear": f_linear,
+        "oneDNN prepacked": onednn,
+        "addmm (in, out)": addmm,
+        "bf16 oneDNN": bf16,
+        "int8 dynamic (fbgemm)": int8_dynamic,
+        "int8 weights, bf16 activations": int8_weight_only,
+    }
+    timings: dict[str, list[float]] = {name: [] for name in kernels}
     for _ in range(2):  # twice, taking turns
-        for name, function in zip(timings, (f_linear, onednn, addmm), strict=True):
+        for name, function in kernels.items():
             timings[name].append(best_us(function, calls))
     return {name: min(values) for name, values in timings.items()}
 
@@ -143,17 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         "stream_us": {},
     }
     print(f"{args.model}: one decoding step's {len(weights)} weights ({mib:.1f} MiB fp32), one thread, best µs")
-    print("| rows | F.linear | oneDNN prepacked | addmm (in, out) | addmm / oneDNN |")
-    print("|---|---|---|---|---|")
     for rows in ROWS:
         timing = stream(weights, rows, args.calls)
         report["stream_us"][str(rows)] = timing
+        if rows == ROWS[0]:
+            print("| rows | " + " | ".join(timing) + " | addmm / oneDNN |")
+            print("|---" * (len(timing) + 2) + "|")
         ratio = timing["addmm (in, out)"] / timing["oneDNN prepacked"]
-        print(
-            f"| {rows} | {timing['F.linear']} | {timing['oneDNN prepacked']} | {timing['addmm (in, out)']} "
-            f"| {ratio:.2f} |",
-            flush=True,
-        )
+        print(f"| {rows} | " + " | ".join(str(value) for value in timing.values()) + f" | {ratio:.2f} |", flush=True)
     sentences = read_sentences(args.data, 1000)[: args.texts]
     report["engine"] = engine(translator, sentences, args.rounds)
     print(f"\nengine, beam 4, {len(sentences)} dev sentences, median CPU ms per text over {args.rounds} rounds:")

@@ -81,8 +81,8 @@ ONEDNN = torch.backends.mkldnn.is_available()
 # GEMM (torch.addmm), rather than by W (out, in) through F.linear's transposed GEMM or by oneDNN's prepacked
 # copy: the decoding steps read every weight once per step, and this layout streams it fastest.
 # `python -m bench.linear_kernels --rounds 5` (2-core Intel Xeon; the en-zh decoder step's 19 weights, 19.2 MiB,
-# one thread): 982 against 1,502 µs through oneDNN at 4 rows, 4,505 against 5,054 at 64, 1.02× at 240 (an
-# encoder batch); the engine at beam 4: 27.9 against 32.3 CPU ms per text alone, 8.2 against 8.1 in batches of 16.
+# one thread): 1,054 against 1,351 µs through oneDNN at 4 rows, 4,618 against 5,829 at 64, 1.03× at 240 (an
+# encoder batch); the engine at beam 4: 30.7 against 40.0 CPU ms per text alone, 9.0 against 9.1 in batches of 16.
 TRANSPOSED_FP32 = True
 # bf16 weights go through oneDNN (its bf16 kernels); below this many multiply-adds (rows × in × out) oneDNN's
 # fixed cost per call outweighs its faster kernel in fp32 and plain F.linear wins (used when TRANSPOSED_FP32
