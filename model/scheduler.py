@@ -423,12 +423,7 @@ class Scheduler:
         mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
         encoder = self.model.encode(padded, mask)
         repeat = torch.tensor([r.beams for r in joining], device=self.device)
-        keys, values = [], []
-        for layer in self.model.decoder_layers:
-            # once per source, then copied to its k beam rows: the same numbers for a k-th of the matmul
-            key, value = layer.encoder_attn.project_key_value(encoder.hidden)
-            keys.append(key.repeat_interleave(repeat, dim=0))
-            values.append(value.repeat_interleave(repeat, dim=0))
+        keys, values = self.model.cross_key_values(encoder.hidden, repeat)  # each request's on its k rows
         row_lengths = [length for request, length in zip(joining, lengths, strict=True) for _ in range(request.beams)]
         self.cache.join(
             keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining), row_lengths

@@ -697,22 +697,30 @@ class Transformer(nn.Module):
         return self.logits(hidden)
 
     # ---- decoder, one step at a time (search) ----------------------------------------
+    def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
+        """Every decoder layer's cross-attention K and V of the sources' encoder output `hidden` (B, S, d_model),
+        each (rows, h, S, d_k) and contiguous for the per-step matmuls: projected once per source and copied to
+        its `beams` rows (beam search's k: an int, or one count per source)."""
+        keys, values = [], []
+        for layer in self.decoder_layers:
+            key, value = layer.encoder_attn.project_key_value(hidden)
+            keys.append(key.repeat_interleave(beams, dim=0))
+            values.append(value.repeat_interleave(beams, dim=0))
+        return keys, values
+
     def start_cache(self, encoder: EncoderOutput, capacity: int, beams: int = 1) -> DecoderCache:
         """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
 
-        beams: rows per source (beam search's k): each source's K/V is projected once and copied to its k rows.
+        beams: rows per source (beam search's k): see `cross_key_values`.
         """
         batch = encoder.hidden.size(0) * beams
-        self_key, self_value, cross_key, cross_value = [], [], [], []
+        self_key, self_value = [], []
         for layer in self.decoder_layers:
             attn = layer.self_attn
             shape = (batch, attn.heads, capacity, attn.d_k)
             self_key.append(encoder.hidden.new_empty(shape))
             self_value.append(encoder.hidden.new_empty(shape))
-            key, value = layer.encoder_attn.project_key_value(encoder.hidden)
-            # (B·beams, h, S, d_k), laid out for the per-step matmuls: copied once
-            cross_key.append(key.repeat_interleave(beams, dim=0) if beams > 1 else key.contiguous())
-            cross_value.append(value.repeat_interleave(beams, dim=0) if beams > 1 else value.contiguous())
+        cross_key, cross_value = self.cross_key_values(encoder.hidden, beams)
         source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
         mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
         return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
