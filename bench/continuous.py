@@ -21,7 +21,6 @@ import asyncio
 import json
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running  # noqa: E402
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running  # noqa: E402
 from tests.loadgen import run_load, translate_bodies  # noqa: E402
 from tests.processes import free_port  # noqa: E402
 
@@ -250,25 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
-
-
-def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each number's median over rounds of the same measurements (other values from the first round)."""
-    first = results[0]
-    merged: dict[str, Any] = {}
-    for key, value in first.items():
-        values = [result.get(key) for result in results]
-        if isinstance(value, dict):
-            merged[key] = medians(values)
-        elif (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and all(isinstance(v, int | float) for v in values)
-        ):
-            merged[key] = round(statistics.median(values), 2)
-        else:
-            merged[key] = value
-    return merged
 
 
 def print_table(report: dict[str, Any]) -> None:

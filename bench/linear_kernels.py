@@ -71,8 +71,8 @@ def best_us(function, calls: int) -> float:
 @torch.inference_mode()
 def stream(weights, rows: int, calls: int) -> dict[str, float]:
     inputs = {weight.size(1): torch.randn(rows, weight.size(1)) for weight, _ in weights}
-    prepacked = [torch.ops.mkldnn._reorder_linear_weight(weight, None) for weight, _ in weights]
-    transposed = [weight.t().contiguous() for weight, _ in weights]
+    prepacked = [transformer.PackedWeight().get(weight) for weight, _ in weights]  # the engine's own copies
+    transposed = [transformer.PackedWeight().get_transposed(weight) for weight, _ in weights]
 
     def f_linear():
         for weight, bias in weights:
@@ -87,7 +87,7 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
             torch.addmm(bias, inputs[weight.size(1)], copy)
 
     # fewer bytes per weight, for comparison (not exact: bf16 weights, or int8 weights with per-channel scales)
-    bf16_packed = [torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None) for weight, _ in weights]
+    bf16_packed = [transformer.PackedWeight().get(weight.bfloat16()) for weight, _ in weights]
     int8_packed = [transformer.prepack_int8(weight.float(), bias, "fbgemm") for weight, bias in weights]
     int8_weights = []
     for weight, _ in weights:

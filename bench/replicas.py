@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -77,17 +76,6 @@ def measure(
     }
 
 
-def median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per scenario, the median over rounds of texts/s, p50 and cores busy."""
-    return {
-        scenario: {
-            key: round(statistics.median(r[scenario][key] for r in rounds), 2)
-            for key in ("texts_per_s", "p50_ms", "cores_busy")
-        }
-        for scenario in ("single", "sixteen")
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
@@ -134,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     report["rounds"] = args.rounds
     report["batch_concurrency"] = args.batch_concurrency
-    report["layouts"] = {name: {"median": median_of(runs), "runs": runs} for name, runs in rounds.items()}
+    report["layouts"] = {name: {"median": service.medians(runs), "runs": runs} for name, runs in rounds.items()}
     print(f"medians of {args.rounds} round(s)")
     print("| layout | single-text texts/s | p50 ms | cores busy | 16-text texts/s | p50 ms | cores busy |")
     print("|---|---|---|---|---|---|---|")

@@ -31,6 +31,7 @@ import logging
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,25 @@ def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0, started
 
 
 # ---- the benchmark -----------------------------------------------------------------------
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each number's median over rounds of the same measurements (other values from the first round)."""
+    first = results[0]
+    merged: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [result.get(key) for result in results]
+        if isinstance(value, dict):
+            merged[key] = medians(values)
+        elif (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and all(isinstance(v, int | float) for v in values)
+        ):
+            merged[key] = round(statistics.median(values), 2)
+        else:
+            merged[key] = value
+    return merged
 
 
 def read_sentences(path: Path, limit: int) -> list[str]:
