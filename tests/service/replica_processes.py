@@ -58,3 +58,10 @@ def replica_pids(port: int, application: str, deployment: str) -> list[int]:
     title = f"ray::ServeReplica:{application}:{deployment}"
     session = os.getsid(listener_pid(port))
     return sorted(pid for pid in session_pids(session) if command_line(pid).split(" ", 1)[0] == title)
+
+
+def started_at(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22): orders processes by age even
+    when process ids wrap around (pid_max is 32768 on many machines, and a long test session reaches it)."""
+    stat = (PROC / str(pid) / "stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])

@@ -16,7 +16,7 @@ import pytest
 
 from tests.loadgen import run_load, translate_bodies
 from tests.service.conftest import API_KEYS
-from tests.service.replica_processes import replica_pids
+from tests.service.replica_processes import replica_pids, started_at
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +107,25 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
 
 
 
+def serving_replicas(client: httpx.Client, port: int, deployment: str, count: int = 2) -> list[int]:
+    """PIDs of `deployment`'s replicas that are up and serving, oldest first, once there are `count` of them.
+
+    A replacement's process exists (and has its name) while its constructor still loads the model; a replica
+    that has finished it reports translation_replica_info, per live pid, in /metrics. The oldest serving replica
+    is the one every router has known longest: the one to kill when requests must be in flight on it. (Not the
+    lowest pid: pids wrap around at pid_max, 32768 on the CI machine.)"""
+    from tests.service.prometheus_text import by_label
+
+    deadline = time.monotonic() + RECOVERY_S
+    while True:
+        ready = by_label(client.get("/metrics").text, "translation_replica_info", "pid", deployment=deployment)
+        serving = set(replica_pids(port, "translate", deployment)) & {int(pid) for pid in ready}
+        if len(serving) >= count:
+            return sorted(serving, key=started_at)
+        assert time.monotonic() < deadline, f"{deployment} has {len(serving)} serving replicas, not {count}"
+        time.sleep(0.5)
+
+
 def en_zh(texts: list[str]) -> dict:
     # at least 96 decoding steps per text: every call lasts long enough that the killed replica has some in flight
     # (with 24-step texts on an idle machine the kill could fall between calls and nothing was sent again)
@@ -120,7 +139,7 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
     from tests.service.prometheus_text import total
 
     port = urlsplit(service_url).port
-    victim = replica_pids(port, "translate", "translator-en-zh")[0]
+    victim = serving_replicas(client, port, "translator-en-zh")[0]
     retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
     outcome: dict = {}
     body_for = lambda index: en_zh([f"{ENGLISH[index % len(ENGLISH)]} {index}"])
@@ -137,10 +156,7 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
     result = outcome["result"]
     assert_nothing_lost(result)
     assert result.statuses == {200: result.requests}, result.summary()
-    deadline = time.monotonic() + RECOVERY_S  # the two replicas are back for the tests after this one
-    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:
-        assert time.monotonic() < deadline, "en-zh did not get its second replica back"
-        time.sleep(0.5)
+    serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
     retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
     assert retries >= 1
 
@@ -153,9 +169,7 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
     from tests.service.prometheus_text import total
 
     port = urlsplit(service_url).port
-    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:  # the test before may still be replacing one
-        time.sleep(0.5)
-    victim = replica_pids(port, "translate", "translator-en-zh")[0]
+    victim = serving_replicas(client, port, "translator-en-zh")[0]  # the test before may still be replacing one
     retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
     options = en_zh([])
     options.pop("texts")
@@ -182,7 +196,4 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
     assert outcomes and all(outcome == ["start", "result"] for outcome in outcomes), outcomes
     retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
     assert retries >= 1
-    deadline = time.monotonic() + RECOVERY_S  # the two replicas are back for the tests after this one
-    while len(replica_pids(port, "translate", "translator-en-zh")) < 2:
-        assert time.monotonic() < deadline, "en-zh did not get its second replica back"
-        time.sleep(0.5)
+    serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
