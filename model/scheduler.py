@@ -248,8 +248,9 @@ def decode_rows(
     embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
     x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
     cross_attention = [] if need_weights else None
+    step_weights = model.step_weights()
     for i, layer in enumerate(model.decoder_layers):
-        x, weights = layer.step(x, cache, i, need_weights)  # the static search's step, on ragged rows
+        x, weights = layer.step(x, cache, i, need_weights, step_weights and step_weights[i])  # the static step
         if need_weights:
             cross_attention.append(weights[:, :, 0])
     cache.advance()

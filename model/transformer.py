@@ -310,6 +310,15 @@ class MultiHeadAttention(nn.Module):
         kernels and the same arithmetic as `attention` on 4-D tensors, without the expand/reshape
         round trips, then `out_proj`. Returns (N, 1, d_model) and the weights (N, h, 1, t).
         """
+        context, weights = self.context_one(query, key, value, mask, need_weights)
+        out = self.out_proj
+        return linear(context.view(context.size(0), 1, -1), out.weight, out.bias, out.packed), weights
+
+    @staticmethod
+    def context_one(
+        query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """`attend_one` before `out_proj`: the heads' contexts side by side (N, h·d_k), the weights (N, h, 1, t)."""
         rows, heads, length, d_k = key.shape
         scores = torch.bmm(query.reshape(rows * heads, 1, d_k), key.view(rows * heads, length, d_k).transpose(1, 2))
         scores.mul_(d_k**-0.5)  # (N·h, 1, t)
@@ -317,9 +326,7 @@ class MultiHeadAttention(nn.Module):
             scores.view(rows, heads, 1, length).add_(mask)
         weights = scores.softmax(dim=-1)
         context = torch.bmm(weights, value.view(rows * heads, length, d_k))  # (N·h, 1, d_k) = heads side by side
-        out = self.out_proj
-        attended = linear(context.view(rows, 1, heads * d_k), out.weight, out.bias, out.packed)
-        return attended, weights.view(rows, heads, 1, length) if need_weights else None
+        return context.view(rows, heads * d_k), weights.view(rows, heads, 1, length) if need_weights else None
 
     def forward(
         self,
@@ -420,6 +427,7 @@ class DecoderCache:
     spare_key: list[Tensor] = field(default_factory=list)
     spare_value: list[Tensor] = field(default_factory=list)
     self_mask: Tensor | None = None  # every row is at position `length`: nothing to hide
+    step_weights: list[StepWeights] | None = None  # Transformer.step_weights when the cache started
 
     @property
     def rows(self) -> int:
@@ -489,12 +497,31 @@ class DecoderLayer(nn.Module):
         x = self.final_layer_norm(x + F.dropout(self.feed_forward(x), self.dropout, self.training))
         return x, cross_weights
 
-    def step(self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def step_weights(self) -> StepWeights:
+        """This layer's `StepWeights`: the (in, out) copies `linear` itself multiplies by (rebuilt if stale)."""
+        own, cross, feed_forward = self.self_attn, self.encoder_attn, self.feed_forward
+        qkv, qkv_bias = own.fused_query_key_value_projection()
+        return StepWeights(
+            (own._fused_packed.get_transposed(qkv), qkv_bias),
+            _transposed(own.out_proj),
+            _transposed(cross.q_proj),
+            _transposed(cross.out_proj),
+            _transposed(feed_forward.fc1),
+            _transposed(feed_forward.fc2),
+        )
+
+    def step(
+        self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool, weights: StepWeights | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far.
 
         The same operations as `forward` (inference: no dropout), called directly rather than
         through module calls: at one position per row the per-call overhead is a large share.
+        With `weights` (fp32 CPU inference, see `Transformer.step_weights`) every matmul is one torch.addmm
+        on them: `linear`'s own kernel and copies, without its per-call dispatch.
         """
+        if weights is not None:
+            return self._step_fp32(x, cache, layer, need_weights, weights)
         query, key, value = self.self_attn.project_query_key_value(x)  # (N, h, 1, d_k) each
         self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
         # cache.self_mask: None when every row is at the same position (model.scheduler's ragged rows set it)
@@ -508,6 +535,48 @@ class DecoderLayer(nn.Module):
         x = _layer_norm(self.encoder_attn_layer_norm, x + attended)
         x = _layer_norm(self.final_layer_norm, x + self.feed_forward(x))
         return x, cross_weights  # (N, 1, d_model), (N, h, 1, S) or None
+
+    def _step_fp32(
+        self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool, weights: StepWeights
+    ) -> tuple[Tensor, Tensor | None]:
+        """`step` with every matmul a torch.addmm on `weights`: the same operations in the same order."""
+        own = self.self_attn
+        rows, _, d_model = x.shape
+        x = x.view(rows, d_model)
+        qkv = torch.addmm(weights.qkv[1], x, weights.qkv[0]).view(rows, 1, 3, own.heads, own.d_k)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (N, h, 1, d_k)
+        self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
+        context, _ = own.context_one(query, self_key, self_value, cache.self_mask, False)
+        x = _layer_norm(self.self_attn_layer_norm, x + torch.addmm(weights.self_out[1], context, weights.self_out[0]))
+        query = torch.addmm(weights.cross_query[1], x, weights.cross_query[0])  # (N, d_model)
+        context, cross_weights = self.encoder_attn.context_one(
+            query, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
+        )
+        attended = torch.addmm(weights.cross_out[1], context, weights.cross_out[0])
+        x = _layer_norm(self.encoder_attn_layer_norm, x + attended)
+        hidden = self.feed_forward.activation(torch.addmm(weights.fc1[1], x, weights.fc1[0]))
+        x = _layer_norm(self.final_layer_norm, x + torch.addmm(weights.fc2[1], hidden, weights.fc2[0]))
+        return x.view(rows, 1, d_model), cross_weights
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """One decoder layer's matmuls for a fp32 CPU decoding step: (Wᵀ (in, out) contiguous, bias) each, the very
+    copies `linear` multiplies by with TRANSPOSED_FP32 (PackedWeight.get_transposed), so `DecoderLayer.step` can
+    call torch.addmm on them directly. Checked for staleness once per decode (`Transformer.start_cache`) instead of
+    once per matmul: at a few rows per step, `linear`'s dispatch and checks cost a sizeable share of the step
+    (bench/compile_step.py measures the step both ways)."""
+
+    qkv: tuple[Tensor, Tensor]  # [W_q; W_k; W_v]ᵀ (d_model, 3·d_model), its bias
+    self_out: tuple[Tensor, Tensor]
+    cross_query: tuple[Tensor, Tensor]
+    cross_out: tuple[Tensor, Tensor]
+    fc1: tuple[Tensor, Tensor]
+    fc2: tuple[Tensor, Tensor]
+
+
+def _transposed(layer: Linear) -> tuple[Tensor, Tensor]:
+    return layer.packed.get_transposed(layer.weight), layer.bias
 
 
 def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -711,7 +780,8 @@ class Transformer(nn.Module):
     def start_cache(self, encoder: EncoderOutput, capacity: int, beams: int = 1) -> DecoderCache:
         """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
 
-        beams: rows per source (beam search's k): see `cross_key_values`.
+        beams: rows per source (beam search's k): see `cross_key_values`. The cache also keeps the model's
+        `step_weights` as they are now: a decode multiplies by the weights it started with.
         """
         batch = encoder.hidden.size(0) * beams
         self_key, self_value = [], []
@@ -723,7 +793,20 @@ class Transformer(nn.Module):
         cross_key, cross_value = self.cross_key_values(encoder.hidden, beams)
         source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
         mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
-        return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
+        cache = DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
+        cache.step_weights = self.step_weights()  # checked once per decode, not once per step
+        return cache
+
+    def step_weights(self) -> list[StepWeights] | None:
+        """Each decoder layer's `StepWeights` when a decoding step's matmuls are `linear`'s fp32 CPU path (fp32
+        weights on the CPU, inference, TRANSPOSED_FP32, not the int8 mode); None otherwise (the step then goes
+        through `linear` for each matmul)."""
+        weight = self.output_weight
+        if not TRANSPOSED_FP32 or torch.is_grad_enabled() or self.int8:
+            return None
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or self.positions.dtype != torch.float32:
+            return None
+        return [layer.step_weights() for layer in self.decoder_layers]
 
     def decode_step(
         self, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
@@ -738,8 +821,9 @@ class Transformer(nn.Module):
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
         x = self.embed(self.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
         cross_attention = [] if need_weights else None
+        step_weights = cache.step_weights
         for i, layer in enumerate(self.decoder_layers):
-            x, weights = layer.step(x, cache, i, need_weights)
+            x, weights = layer.step(x, cache, i, need_weights, step_weights and step_weights[i])
             if need_weights:
                 cross_attention.append(weights[:, :, 0])  # (N, h, S)
         cache.length = step + 1
