@@ -20,7 +20,6 @@ Writes bench/results/linear-kernels-cpu.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -36,7 +35,7 @@ if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
 import model.transformer as transformer  # noqa: E402
-from bench.service import DEFAULT_DATA, RESULTS, read_sentences  # noqa: E402
+from bench.service import RESULTS, engine_arguments, read_sentences  # noqa: E402
 from model.translator import Translator  # noqa: E402
 
 ROWS = (1, 4, 16, 64, 240)
@@ -152,11 +151,7 @@ def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="en-zh")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--texts", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = engine_arguments(__doc__)
     parser.add_argument("--calls", type=int, default=25)
     parser.add_argument("--output", type=Path, default=RESULTS / "linear-kernels-cpu.json")
     args = parser.parse_args(argv)

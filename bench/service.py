@@ -240,6 +240,16 @@ def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def engine_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments every in-process engine benchmark takes: the model, its dev sentences, how many, rounds."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="en-zh")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--texts", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser
+
+
 def read_sentences(path: Path, limit: int) -> list[str]:
     if path.is_file():
         lines = path.read_text(encoding="utf-8").splitlines()
