@@ -10,6 +10,8 @@ For each scheduler (args.scheduler static, then continuous; one service at a tim
 2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
 3. alone: short texts one at a time (concurrency 1): the floor a short text's latency cannot go below;
 4. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
+--engine-only runs no service: the engine alone, 32 sentences submitted together, and the closed-loop scenario
+with 16 sources in flight (one replica's share of concurrency 32) with where the continuous scheduler's time goes.
 Ratios are continuous / static from the same run: medians over --rounds rounds (default 3), each round
 starting both services afresh, the scheduler that goes first alternating.
 """
@@ -140,6 +142,87 @@ def engine_comparison(sentences: list[str], beam_size: int, rounds: int = 5) -> 
     return {**best, "ratio": round(best["static"] / best["continuous"], 2), "sentences": len(ids)}
 
 
+def closed_loop_comparison(
+    sentences: list[str], beam_size: int, rounds: int = 5, texts: int = 192, outstanding: int = 16
+) -> dict[str, Any]:
+    """The engine alone in bench.service's closed-loop scenario, one replica's share of it: `texts` dev sentences,
+    static = the search over batches of `outstanding` (what the static queue forms at concurrency 32 over two
+    replicas), continuous = the scheduler (max_rows 64) with `outstanding` sources in flight, a new one submitted
+    as each finishes. CPU ms per text, median and best over `rounds` alternating rounds, and where the continuous
+    scheduler's time goes (its step's phases, ms per text, in the median round)."""
+    import statistics
+
+    import torch
+
+    import model.scheduler as scheduler_module
+    from model import DecodingOptions, Translator
+    from model.search import beam_search
+
+    torch.set_num_threads(1)
+    translator = Translator.from_pretrained("en-zh", device="cpu")
+    ids = translator.encode_source(sentences[:texts])
+    options = DecodingOptions(beam_size=beam_size)
+
+    def static() -> None:
+        for begin in range(0, len(ids), outstanding):
+            beam_search(translator.model, ids[begin : begin + outstanding], options, return_attention=True)
+
+    def continuous(phases: dict[str, float]) -> None:
+        scheduler = scheduler_module.Scheduler(translator.model, max_rows=64, alignment_head=translator.alignment_head)
+
+        def timed(name: str, function):
+            def run(*args, **kwargs):
+                started = time.process_time()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    phases[name] = phases.get(name, 0.0) + time.process_time() - started
+            return run
+
+        scheduler._admit = timed("admit (encoder, cache join)", scheduler._admit)
+        scheduler._advance_group = timed("search (beam_step, bookkeeping)", scheduler._advance_group)
+        scheduler._keep_rows = timed("keep rows (cache gathers)", scheduler._keep_rows)
+        decode_rows = scheduler_module.decode_rows
+        scheduler_module.decode_rows = timed("decoder step", decode_rows)
+        try:
+            queue, in_flight = list(ids), 0
+            while queue or in_flight:
+                while queue and in_flight < outstanding:
+                    scheduler.submit(queue.pop(0), options, return_attention=True)
+                    in_flight += 1
+                in_flight -= len(scheduler.step())
+        finally:
+            scheduler_module.decode_rows = decode_rows
+
+    cpu_ms: dict[str, list[float]] = {"static": [], "continuous": []}
+    phases_per_round: list[dict[str, float]] = []
+    for round_ in range(rounds):
+        order = ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static")
+        for name in order:
+            started = time.process_time()
+            if name == "static":
+                static()
+            else:
+                phases: dict[str, float] = {}
+                continuous(phases)
+                phases_per_round.append(phases)
+            cpu_ms[name].append(1000 * (time.process_time() - started) / len(ids))
+    middle = sorted(range(rounds), key=lambda r: cpu_ms["continuous"][r])[rounds // 2]
+    median = {name: round(statistics.median(values), 2) for name, values in cpu_ms.items()}
+    best = {name: round(min(values), 2) for name, values in cpu_ms.items()}
+    return {
+        "texts": len(ids),
+        "outstanding": outstanding,
+        "cpu_ms_per_text_median": median,
+        "cpu_ms_per_text_best": best,
+        "throughput_ratio_median": round(median["static"] / median["continuous"], 2),
+        "throughput_ratio_best": round(best["static"] / best["continuous"], 2),
+        "continuous_phases_ms_per_text": {
+            name: round(1000 * seconds / len(ids), 2) for name, seconds in phases_per_round[middle].items()
+        },
+    }
+
+
 def mixed_arrivals(short: list[str], long: list[str], rate: float, count: int, seed: int) -> list:
     rng = random.Random(seed)
     at, arrivals = 0.0, []
@@ -167,6 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         result = {"command": " ".join(["python -m bench.continuous", *sys.argv[1:]]), "beam_size": args.beam_size}
         result["engine"] = engine_comparison(sentences, args.beam_size)
         print(f"engine alone, 32 sentences together, beam {args.beam_size}: {result['engine']}")
+        result["closed_loop"] = closed_loop_comparison(sentences, args.beam_size, rounds=max(args.rounds, 5))
+        closed = result["closed_loop"]
+        print(
+            f"engine alone, closed loop ({closed['outstanding']} in flight, {closed['texts']} texts), CPU ms per "
+            f"text median / best: static {closed['cpu_ms_per_text_median']['static']} / "
+            f"{closed['cpu_ms_per_text_best']['static']}, continuous {closed['cpu_ms_per_text_median']['continuous']}"
+            f" / {closed['cpu_ms_per_text_best']['continuous']}; throughput continuous/static "
+            f"{closed['throughput_ratio_median']}× (best {closed['throughput_ratio_best']}×)"
+        )
+        print("continuous, where a text's CPU goes (ms, median round):", closed["continuous_phases_ms_per_text"])
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         return 0

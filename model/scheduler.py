@@ -452,8 +452,11 @@ class Scheduler:
         """
         config, device = self.config, self.device
         requests = [request for _, request in members]
-        rows = torch.cat([torch.arange(first, first + k) for first, _ in members]).to(device)  # (G·k,)
-        group_logits = logits.index_select(0, rows)
+        if len(members) * k == logits.size(0):  # every row, in order: one beam size runs (the usual case)
+            group_logits = logits
+        else:
+            rows = torch.cat([torch.arange(first, first + k) for first, _ in members]).to(device)  # (G·k,)
+            group_logits = logits.index_select(0, rows)
         steps = [request.step for request in requests]
         ending = [request.budget <= step + 1 for request, step in zip(requests, steps, strict=True)]
         banned = [step + 1 < request.options.min_new_tokens for request, step in zip(requests, steps, strict=True)]
