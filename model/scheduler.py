@@ -34,6 +34,7 @@ from model.transformer import StepWeights, Transformer
 # called for greedy requests after every step (streaming); beams are only known at the end.
 ADMISSION_WAIT_STEPS = 4  # the longest a waiting request is held back to join with others (see _admission_due)
 TokenCallback = Callable[["DecodeRequest", int, float, Tensor | None], None]
+Moves = list[tuple[int, int, int]]  # blocks of rows that move: (old first row, new first row, rows) each
 
 
 @dataclass(eq=False)
@@ -192,11 +193,14 @@ class RaggedCache:
             torch.index_select(buffer[: self._rows, :, :length], 0, index, out=spares[i][:rows, :, :length])
             buffers[i], spares[i] = spares[i], buffer
 
-    def keep(self, index: Tensor, same_sources: bool = False) -> None:
+    def keep(self, index: Tensor, same_sources: bool = False, moves: Moves | None = None) -> None:
         """Row r becomes old row index[r] (beam reordering; rows of finished requests leave).
 
         same_sources: every row keeps a row of its own request (no request left), so the cross-attention
         K/V, the source mask and the positions stay as they are and only self-attention K/V move.
+        moves: what changed instead, as blocks of rows whose source state (identical across a request's beams)
+        moves, (old first row, new first row, rows) each, to below the kept row count from above it; every
+        other kept row's source state stays where it is. None: gather every row's.
         """
         if index.numel() == 0:
             self.clear()
@@ -204,7 +208,17 @@ class RaggedCache:
         written = self.width
         self._gather("self_key", self._self_key, index, written)
         self._gather("self_value", self._self_value, index, written)
-        if not (same_sources and index.numel() == self._rows):
+        if moves is not None and not (same_sources and index.numel() == self._rows):
+            source = max(self._lengths)
+            for old, new, rows in moves:
+                for buffer in (*self._cross_key, *self._cross_value):
+                    buffer[new : new + rows, :, :source] = buffer[old : old + rows, :, :source]
+                self._source_mask[new : new + rows] = self._source_mask[old : old + rows]
+                self._positions[new : new + rows] = self._positions[old : old + rows]
+                self._lengths[new : new + rows] = self._lengths[old : old + rows]
+            self._rows = index.numel()
+            del self._lengths[self._rows :]
+        elif not (same_sources and index.numel() == self._rows):
             source = max(self._lengths)
             self._gather("cross_key", self._cross_key, index, source)
             self._gather("cross_value", self._cross_value, index, source)
@@ -357,26 +371,50 @@ class Scheduler:
                     finished.append(request)
                 else:
                     continuing[id(request)] = rows_tokens
-        keep_rows: list[Tensor] = []
-        next_tokens: list[Tensor] = []
-        still_running: list[DecodeRequest] = []
+        firsts: dict[int, int] = {}  # id(request) → its first row at this step
         first = 0
         for request in self.running:
-            if id(request) in continuing:
-                rows, tokens = continuing[id(request)]
-                keep_rows.append(rows + first)
-                next_tokens.append(tokens)
-                still_running.append(request)
+            firsts[id(request)] = first
             first += request.beams
-        self.running = still_running
+        order, moves = self._compacted(finished)
+        keep_rows = [continuing[id(request)][0] + firsts[id(request)] for request in order]
+        next_tokens = [continuing[id(request)][1] for request in order]
+        self.running = order
         tokens = torch.cat(next_tokens) if next_tokens else self.last_tokens[:0]
-        self._keep_rows(keep_rows, tokens, same_sources=not finished)
+        self._keep_rows(keep_rows, tokens, same_sources=not finished, moves=moves)
         return finished
 
-    def _keep_rows(self, parts: list[Tensor], last_tokens: Tensor, same_sources: bool = False) -> None:
-        """The rows the next step continues (old row numbers, in order; none empties the cache) and their inputs."""
+    def _compacted(self, finished: list[DecodeRequest]) -> tuple[list[DecodeRequest], Moves | None]:
+        """The running requests once `finished` leave, in their new row order, and how the rows of each source's
+        state (cross-attention K/V, mask, position) move: when every request has the same beam size, the last
+        requests take the places the finished ones leave, so only their rows move ((old first row, new first row,
+        rows) each) and the others stay put; with mixed beam sizes the order is kept and every row is gathered
+        (None)."""
+        if not finished:
+            return self.running, []
+        gone = {id(request) for request in finished}
+        kept = [request for request in self.running if id(request) not in gone]
+        k = self.running[0].beams
+        if any(request.beams != k for request in self.running):
+            return kept, None
+        count = len(kept)
+        order = self.running[:count]
+        movers = iter([(count + i, r) for i, r in enumerate(self.running[count:]) if id(r) not in gone])
+        moves = []
+        for slot, request in enumerate(order):
+            if id(request) in gone:
+                place, mover = next(movers)
+                order[slot] = mover
+                moves.append((place * k, slot * k, k))
+        return order, moves
+
+    def _keep_rows(
+        self, parts: list[Tensor], last_tokens: Tensor, same_sources: bool = False, moves: Moves | None = None
+    ) -> None:
+        """The rows the next step continues (old row numbers, in order; none empties the cache) and their inputs;
+        `moves` as `RaggedCache.keep` takes them."""
         index = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.device)
-        self.cache.keep(index, same_sources)
+        self.cache.keep(index, same_sources, moves)
         self.last_tokens = last_tokens
 
     def _drop_cancelled(self) -> None:

@@ -49,11 +49,13 @@ def random_model(seed: int) -> Transformer:
     return model.eval()
 
 
-def random_requests(rng: random.Random, count: int) -> list[tuple[int, list[int], DecodingOptions]]:
-    """(arrival step, source ids ending in eos, options) for `count` requests."""
+def random_requests(
+    rng: random.Random, count: int, beams: tuple[int, ...] = (1, 1, 2, 3, 4)
+) -> list[tuple[int, list[int], DecodingOptions]]:
+    """(arrival step, source ids ending in eos, options) for `count` requests, beam sizes drawn from `beams`."""
     requests = []
     for _ in range(count):
-        beam = rng.choice([1, 1, 2, 3, 4])
+        beam = rng.choice(beams)
         options = DecodingOptions(
             beam_size=beam,
             n_best=rng.randint(1, beam),
@@ -78,16 +80,20 @@ def assert_same(got, expected, context) -> None:
             torch.testing.assert_close(hypothesis.cross_attention, reference.cross_attention, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_requests_joining_and_leaving_decode_as_if_alone(seed):
+def run_interleaved(seed: int, beams: tuple[int, ...], max_rows: list[int]) -> list[list]:
+    """Random requests (see random_requests) through one scheduler, each checked against decoding it alone;
+    returns the running requests after every step, each as its place in the order of submission (the queue is
+    first in, first out: without moves the running order would be increasing)."""
     rng = random.Random(seed)
     model = random_model(seed)
-    requests = random_requests(rng, 14)
+    requests = random_requests(rng, 14, beams)
     alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
 
-    scheduler = Scheduler(model, max_rows=rng.choice([4, 8, 64]))
+    scheduler = Scheduler(model, max_rows=rng.choice(max_rows))
     pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
     submitted = {}
+    place: dict[int, int] = {}
+    orders = []
     step = 0
     most_rows = 0
     while pending or not scheduler.idle:
@@ -95,7 +101,9 @@ def test_requests_joining_and_leaving_decode_as_if_alone(seed):
             index = pending.pop(0)
             _, source, options = requests[index]
             submitted[index] = scheduler.submit(source, options, return_attention=True)
+            place[id(submitted[index])] = len(place)
         scheduler.step()
+        orders.append([place[id(request)] for request in scheduler.running])
         most_rows = max(most_rows, scheduler.rows)
         step += 1
         assert step < 2_000
@@ -103,6 +111,20 @@ def test_requests_joining_and_leaving_decode_as_if_alone(seed):
     for index, request in submitted.items():
         assert request.done and request.hypotheses is not None
         assert_same(request.hypotheses, alone[index], (seed, index, requests[index]))
+    return orders
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_requests_joining_and_leaving_decode_as_if_alone(seed):
+    run_interleaved(seed, (1, 1, 2, 3, 4), [4, 8, 64])
+
+
+@pytest.mark.parametrize(("seed", "beam"), [(0, 1), (1, 3), (2, 4), (3, 4)])
+def test_requests_of_one_beam_size_take_the_rows_of_those_that_leave_and_still_decode_as_if_alone(seed, beam):
+    # with one beam size the last requests move into the places finished ones leave (only their rows' source
+    # state is copied): the running order stops being the order of arrival, and every result is still exact
+    orders = run_interleaved(seed, (beam,), [8 * beam, 64])
+    assert any(order != sorted(order) for order in orders), "no request ever moved: the test exercises nothing"
 
 
 def test_a_request_that_arrives_mid_decode_joins_at_the_next_step_and_a_short_one_leaves_first():
