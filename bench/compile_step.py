@@ -6,7 +6,7 @@
 Issue #16 asks for "less Python per decoding step (torch.compile or AOTInductor of the step, or a C++ step)".
 Three ways of running one fp32 CPU decoding step of the shipped model, side by side in one process:
 
-- per-matmul `linear`: `Transformer.decode_step` with every matmul through model.transformer.linear, which checks
+- per-matmul `linear`: `Transformer.decode_step` with every matmul through model.kernels.linear, which checks
   the mode (int8, dtype, device, gradients) and its weight copy's staleness on each call (the engine before
   StepWeights);
 - StepWeights (shipped): `decode_step` with the copies checked once per decode and each matmul one torch.addmm;
@@ -124,7 +124,7 @@ def step_inputs(translator: Translator, rows: int, positions: int):
 
 @contextlib.contextmanager
 def per_matmul_dispatch():
-    """decode_step as it was before StepWeights: every matmul through model.transformer.linear's dispatch."""
+    """decode_step as it was before StepWeights: every matmul through model.kernels.linear's dispatch."""
     original = Transformer.step_weights
     Transformer.step_weights = lambda self: None
     try:

@@ -7,7 +7,7 @@
    projection, 19.2 MiB in fp32), multiplied in turn by rows of activations, as a step does, with
    - "F.linear": W (out, in) as stored, a transposed GEMM;
    - "oneDNN prepacked": oneDNN's blocked copy of W (what fp32 decoding used before TRANSPOSED_FP32);
-   - "addmm (in, out)": a contiguous copy of Wᵀ, a plain GEMM (model.transformer.linear with TRANSPOSED_FP32);
+   - "addmm (in, out)": a contiguous copy of Wᵀ, a plain GEMM (model.kernels.linear with TRANSPOSED_FP32);
    and, for comparison, kernels that read fewer bytes per weight (not exact): bf16 weights through oneDNN, torch's
    dynamic int8 linear (fbgemm, what the int8 mode uses) and int8 weights with bf16 activations
    (torch._weight_int8pack_mm); µs per pass over the 19 weights, best of --calls, at 1, 4, 16, 64 rows (beam 4 ×
@@ -34,6 +34,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
+import model.kernels as kernels  # noqa: E402
 import model.transformer as transformer  # noqa: E402
 from bench.service import RESULTS, engine_arguments, read_sentences  # noqa: E402
 from model.translator import Translator  # noqa: E402
@@ -70,8 +71,8 @@ def best_us(function, calls: int) -> float:
 @torch.inference_mode()
 def stream(weights, rows: int, calls: int) -> dict[str, float]:
     inputs = {weight.size(1): torch.randn(rows, weight.size(1)) for weight, _ in weights}
-    prepacked = [transformer.PackedWeight().get(weight) for weight, _ in weights]  # the engine's own copies
-    transposed = [transformer.PackedWeight().get_transposed(weight) for weight, _ in weights]
+    prepacked = [kernels.PackedWeight().get(weight) for weight, _ in weights]  # the engine's own copies
+    transposed = [kernels.PackedWeight().get_transposed(weight) for weight, _ in weights]
 
     def f_linear():
         for weight, bias in weights:
@@ -86,11 +87,11 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
             torch.addmm(bias, inputs[weight.size(1)], copy)
 
     # fewer bytes per weight, for comparison (not exact: bf16 weights, or int8 weights with per-channel scales)
-    bf16_packed = [transformer.PackedWeight().get(weight.bfloat16()) for weight, _ in weights]
-    int8_packed = [transformer.prepack_int8(weight.float(), bias, "fbgemm") for weight, bias in weights]
+    bf16_packed = [kernels.PackedWeight().get(weight.bfloat16()) for weight, _ in weights]
+    int8_packed = [kernels.prepack_int8(weight.float(), bias, "fbgemm") for weight, bias in weights]
     int8_weights = []
     for weight, _ in weights:
-        integers, scales = transformer.quantize_per_channel(weight.float())
+        integers, scales = kernels.quantize_per_channel(weight.float())
         int8_weights.append((integers, scales.bfloat16()))
 
     def bf16():
@@ -100,13 +101,13 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
 
     def int8_dynamic():
         for (weight, _), packed in zip(weights, int8_packed, strict=True):
-            torch.ops.quantized.linear_dynamic(inputs[weight.size(1)], packed, transformer.REDUCE_RANGE)
+            torch.ops.quantized.linear_dynamic(inputs[weight.size(1)], packed, kernels.REDUCE_RANGE)
 
     def int8_weight_only():
         for (weight, _), (integers, scales) in zip(weights, int8_weights, strict=True):
             torch._weight_int8pack_mm(inputs[weight.size(1)].bfloat16(), integers, scales).float()
 
-    kernels = {
+    passes = {
         "F.linear": f_linear,
         "oneDNN prepacked": onednn,
         "addmm (in, out)": addmm,
@@ -114,9 +115,9 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
         "int8 dynamic (fbgemm)": int8_dynamic,
         "int8 weights, bf16 activations": int8_weight_only,
     }
-    timings: dict[str, list[float]] = {name: [] for name in kernels}
+    timings: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(2):  # twice, taking turns
-        for name, function in kernels.items():
+        for name, function in passes.items():
             timings[name].append(best_us(function, calls))
     return {name: min(values) for name, values in timings.items()}
 
@@ -128,7 +129,7 @@ def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
     outputs: dict[str, list] = {}
     for _ in range(rounds):
         for name, flag in settings.items():
-            transformer.TRANSPOSED_FP32 = flag
+            kernels.TRANSPOSED_FP32 = flag
             for label, batch in (("B=1", 1), ("B=16", 16)):
                 started = time.process_time()
                 ids = []
@@ -139,7 +140,7 @@ def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
                     ids.extend(hypotheses[0].token_ids for hypotheses in nbest)
                 cpu_ms[name][label].append(1000 * (time.process_time() - started) / len(source_ids))
                 outputs.setdefault(name, ids)
-    transformer.TRANSPOSED_FP32 = True
+    kernels.TRANSPOSED_FP32 = True
     reference, *others = outputs.values()
     return {
         "cpu_ms_per_text": {

@@ -6,7 +6,7 @@
 For each row count: the step's wall time in a loop (its KV cache at a fixed length of 8 positions), the share
 of the matmuls (linear layers and the output projection) in the profiler's self CPU time, and each matmul
 shape's time per call inside the step beside the same shapes through the step's own matmul
-(model.transformer.linear) alone in a tight loop (one weight, which then stays in the core's caches). A step
+(model.kernels.linear) alone in a tight loop (one weight, which then stays in the core's caches). A step
 reads every decoder weight once; when the step's weights outgrow the caches, each matmul waits on memory and
 runs slower inside the step than alone.
 Writes bench/results/profile-step-cpu.json.
@@ -29,7 +29,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
-from model.transformer import PackedWeight, linear  # noqa: E402
+from model.kernels import PackedWeight, linear  # noqa: E402
 from model.translator import Translator  # noqa: E402
 
 MATMULS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "quantized::linear_dynamic")
@@ -67,7 +67,7 @@ def wall_ms(function, calls: int) -> float:
 
 
 def alone_us(shapes: list, calls: int) -> float:
-    """Microseconds per call of the step's own fp32 matmul (model.transformer.linear, with its prepared copy of
+    """Microseconds per call of the step's own fp32 matmul (model.kernels.linear, with its prepared copy of
     the weight) on random inputs of the recorded shapes, in a tight loop."""
     x_shape, w_shape = shapes[0], shapes[1]
     x, weight, prepared = torch.randn(x_shape), torch.randn(w_shape), PackedWeight()

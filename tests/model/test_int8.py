@@ -12,7 +12,8 @@ import torch
 from model import Translator
 from model.errors import InvalidInputError
 from model.explain import forced_decode
-from model.transformer import RESCORED_CANDIDATES, PackedWeight, int8_linear
+from model.kernels import PackedWeight, int8_linear
+from model.transformer import RESCORED_CANDIDATES
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}
