@@ -208,7 +208,9 @@ class RaggedCache:
         written = self.width
         self._gather("self_key", self._self_key, index, written)
         self._gather("self_value", self._self_value, index, written)
-        if moves is not None and not (same_sources and index.numel() == self._rows):
+        if same_sources and index.numel() == self._rows:
+            pass  # every row stays with its own source: only self-attention K/V moved
+        elif moves is not None:
             source = max(self._lengths)
             for old, new, rows in moves:
                 for buffer in (*self._cross_key, *self._cross_value):
@@ -218,7 +220,7 @@ class RaggedCache:
                 self._lengths[new : new + rows] = self._lengths[old : old + rows]
             self._rows = index.numel()
             del self._lengths[self._rows :]
-        elif not (same_sources and index.numel() == self._rows):
+        else:
             source = max(self._lengths)
             self._gather("cross_key", self._cross_key, index, source)
             self._gather("cross_value", self._cross_value, index, source)
@@ -263,12 +265,7 @@ def decode_rows(
     cache.prepare()
     embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
     x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
-    cross_attention = [] if need_weights else None
-    step_weights = cache.step_weights
-    for i, layer in enumerate(model.decoder_layers):
-        x, weights = layer.step(x, cache, i, need_weights, step_weights and step_weights[i])  # the static step
-        if need_weights:
-            cross_attention.append(weights[:, :, 0])
+    x, cross_attention = model.step_layers(x, cache, need_weights)  # the static search's step, on ragged rows
     cache.advance()
     return model.logits(x[:, 0]), cross_attention
 
@@ -358,9 +355,11 @@ class Scheduler:
         # Requests of one beam size advance together: one set of tensor operations per beam size
         # per step, whatever the number of requests (each one's arithmetic is still its own).
         groups: dict[int, list[tuple[int, DecodeRequest]]] = {}
+        firsts: dict[int, int] = {}  # id(request) → its first row at this step
         first = 0
         for request in self.running:
             groups.setdefault(request.beams, []).append((first, request))
+            firsts[id(request)] = first
             first += request.beams
         continuing: dict[int, tuple[Tensor, Tensor]] = {}  # id(request) → (its next rows, their tokens)
         finished: list[DecodeRequest] = []
@@ -371,11 +370,6 @@ class Scheduler:
                     finished.append(request)
                 else:
                     continuing[id(request)] = rows_tokens
-        firsts: dict[int, int] = {}  # id(request) → its first row at this step
-        first = 0
-        for request in self.running:
-            firsts[id(request)] = first
-            first += request.beams
         order, moves = self._compacted(finished)
         keep_rows = [continuing[id(request)][0] + firsts[id(request)] for request in order]
         next_tokens = [continuing[id(request)][1] for request in order]

@@ -656,11 +656,18 @@ class Transformer(nn.Module):
         if step >= cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
         x = self.embed(self.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
+        x, cross_attention = self.step_layers(x, cache, need_weights)
+        cache.length = step + 1
+        return self.logits(x[:, 0]), cross_attention
+
+    def step_layers(self, x: Tensor, cache: DecoderCache, need_weights: bool) -> tuple[Tensor, list[Tensor] | None]:
+        """Every decoder layer's `step` on one new position per row x (N, 1, d_model), with the cache's
+        `step_weights`: the last hidden state and, when asked, each layer's cross-attention (N, h, S).
+        `decode_step` and the continuous scheduler's ragged step (model.scheduler.decode_rows) both run it."""
         cross_attention = [] if need_weights else None
         step_weights = cache.step_weights
         for i, layer in enumerate(self.decoder_layers):
             x, weights = layer.step(x, cache, i, need_weights, step_weights and step_weights[i])
             if need_weights:
                 cross_attention.append(weights[:, :, 0])  # (N, h, S)
-        cache.length = step + 1
-        return self.logits(x[:, 0]), cross_attention
+        return x, cross_attention
