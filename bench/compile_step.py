@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 if str(REPOSITORY) not in sys.path:
     sys.path.insert(0, str(REPOSITORY))
 
-from bench.service import RESULTS, engine_arguments, read_sentences  # noqa: E402
+from bench.service import RESULTS, engine_arguments, engine_variants, read_sentences, translate_cpu_ms  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 from model.translator import Translator  # noqa: E402
 
@@ -187,19 +186,11 @@ def functional(translator: Translator, rows_list: list[int], positions_list: lis
 
 
 def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
-    """The engine translating `sentences` at beam 4 with alignments (as the service does), one at a time and in
-    batches of 16, three ways taking turns over `rounds` rounds: median CPU ms per text, and the token ids."""
-    source_ids = translator.encode_source(sentences)
+    """bench.service.engine_variants three ways: the dispatching step, the shipped one, and torch.compile of
+    decode_step (warmed up first, its warm-up time reported); and whether each gives the shipped step's ids."""
     model = translator.model
     compiled = torch.compile(model.decode_step, dynamic=True)
     torch._dynamo.config.recompile_limit = 64  # let it recompile as it needs: the point is its steady speed
-
-    def translate(batch: int) -> tuple[float, list]:
-        started, ids = time.process_time(), []
-        for begin in range(0, len(source_ids), batch):
-            nbest = translator.generate(source_ids[begin : begin + batch], beam_size=4, alignment_attention=True)
-            ids.extend(hypotheses[0].token_ids for hypotheses in nbest)
-        return 1000 * (time.process_time() - started) / len(source_ids), ids
 
     @contextlib.contextmanager
     def compiled_step():
@@ -214,27 +205,17 @@ def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
         "StepWeights (shipped)": contextlib.nullcontext,
         "torch.compile(decode_step)": compiled_step,
     }
+    source_ids = translator.encode_source(sentences)
     started = time.perf_counter()
     with compiled_step():
         for batch in (1, 16):
-            translate(batch)
+            translate_cpu_ms(translator, source_ids, batch)
     warmup_s = time.perf_counter() - started
-    cpu_ms: dict[str, dict[str, list[float]]] = {name: {"B=1": [], "B=16": []} for name in variants}
-    outputs: dict[str, list] = {}
-    for _ in range(rounds):
-        for name, variant in variants.items():
-            with variant():
-                for label, batch in (("B=1", 1), ("B=16", 16)):
-                    ms, ids = translate(batch)
-                    cpu_ms[name][label].append(ms)
-                    outputs.setdefault(name, ids)
+    cpu_ms, outputs = engine_variants(translator, sentences, rounds, variants)
     reference = outputs["StepWeights (shipped)"]
     return {
         "compile_warmup_s": round(warmup_s, 1),
-        "cpu_ms_per_text": {
-            name: {label: round(statistics.median(values), 2) for label, values in by_batch.items()}
-            for name, by_batch in cpu_ms.items()
-        },
+        "cpu_ms_per_text": cpu_ms,
         "same_ids_as_shipped": {name: ids == reference for name, ids in outputs.items()},
     }
 

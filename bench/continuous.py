@@ -114,17 +114,23 @@ async def first_token_ms(url: str, text: str, concurrency: int, rounds: int) -> 
     return percentile(waits, 50)
 
 
-def engine_comparison(sentences: list[str], beam_size: int, rounds: int = 5) -> dict[str, Any]:
-    """The engine alone, no service: 32 dev sentences decoded by the static search in one batch, and submitted
-    together to the continuous scheduler, one thread; best of `rounds` each, seconds."""
+def engine_translator():
+    """The shipped en-zh engine on the CPU, one thread: what the --engine-only comparisons decode with."""
     import torch
 
-    from model import DecodingOptions, Translator
+    from model import Translator
+
+    torch.set_num_threads(1)
+    return Translator.from_pretrained("en-zh", device="cpu")
+
+
+def engine_comparison(translator, sentences: list[str], beam_size: int, rounds: int = 5) -> dict[str, Any]:
+    """The engine alone, no service: 32 dev sentences decoded by the static search in one batch, and submitted
+    together to the continuous scheduler, one thread; best of `rounds` each, seconds."""
+    from model import DecodingOptions
     from model.scheduler import Scheduler
     from model.search import beam_search
 
-    torch.set_num_threads(1)
-    translator = Translator.from_pretrained("en-zh", device="cpu")
     ids = translator.encode_source(sentences[:32])
     options = DecodingOptions(beam_size=beam_size)
     timings: dict[str, list[float]] = {"static": [], "continuous": []}
@@ -143,7 +149,7 @@ def engine_comparison(sentences: list[str], beam_size: int, rounds: int = 5) -> 
 
 
 def closed_loop_comparison(
-    sentences: list[str], beam_size: int, rounds: int = 5, texts: int = 192, outstanding: int = 16
+    translator, sentences: list[str], beam_size: int, rounds: int = 5, texts: int = 192, outstanding: int = 16
 ) -> dict[str, Any]:
     """The engine alone in bench.service's closed-loop scenario, one replica's share of it: `texts` dev sentences,
     static = the search over batches of `outstanding` (what the static queue forms at concurrency 32 over two
@@ -152,14 +158,10 @@ def closed_loop_comparison(
     scheduler's time goes (its step's phases, ms per text, in the median round)."""
     import statistics
 
-    import torch
-
     import model.scheduler as scheduler_module
-    from model import DecodingOptions, Translator
+    from model import DecodingOptions
     from model.search import beam_search
 
-    torch.set_num_threads(1)
-    translator = Translator.from_pretrained("en-zh", device="cpu")
     ids = translator.encode_source(sentences[:texts])
     options = DecodingOptions(beam_size=beam_size)
 
@@ -248,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     sentences = read_sentences(args.data, 1000)
     if args.engine_only:
         result = {"command": " ".join(["python -m bench.continuous", *sys.argv[1:]]), "beam_size": args.beam_size}
-        result["engine"] = engine_comparison(sentences, args.beam_size)
+        translator = engine_translator()
+        result["engine"] = engine_comparison(translator, sentences, args.beam_size)
         print(f"engine alone, 32 sentences together, beam {args.beam_size}: {result['engine']}")
-        result["closed_loop"] = closed_loop_comparison(sentences, args.beam_size, rounds=max(args.rounds, 5))
+        rounds = max(args.rounds, 5)
+        result["closed_loop"] = closed_loop_comparison(translator, sentences, args.beam_size, rounds=rounds)
         closed = result["closed_loop"]
         print(
             f"engine alone, closed loop ({closed['outstanding']} in flight, {closed['texts']} texts), CPU ms per "

@@ -20,9 +20,9 @@ Writes bench/results/linear-kernels-cpu.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +36,7 @@ if str(REPOSITORY) not in sys.path:
 
 import model.kernels as kernels  # noqa: E402
 import model.transformer as transformer  # noqa: E402
-from bench.service import RESULTS, engine_arguments, read_sentences  # noqa: E402
+from bench.service import RESULTS, engine_arguments, engine_variants, read_sentences  # noqa: E402
 from model.translator import Translator  # noqa: E402
 
 ROWS = (1, 4, 16, 64, 240)
@@ -122,33 +122,24 @@ def stream(weights, rows: int, calls: int) -> dict[str, float]:
     return {name: min(values) for name, values in timings.items()}
 
 
+@contextlib.contextmanager
+def transposed_fp32(flag: bool):
+    """model.kernels.TRANSPOSED_FP32 set to `flag` for the block, then back on."""
+    kernels.TRANSPOSED_FP32 = flag
+    try:
+        yield
+    finally:
+        kernels.TRANSPOSED_FP32 = True
+
+
 def engine(translator: Translator, sentences: list[str], rounds: int) -> dict:
-    source_ids = translator.encode_source(sentences)
-    settings = {"transposed (in, out)": True, "before: oneDNN / F.linear": False}
-    cpu_ms: dict[str, dict[str, list[float]]] = {name: {"B=1": [], "B=16": []} for name in settings}
-    outputs: dict[str, list] = {}
-    for _ in range(rounds):
-        for name, flag in settings.items():
-            kernels.TRANSPOSED_FP32 = flag
-            for label, batch in (("B=1", 1), ("B=16", 16)):
-                started = time.process_time()
-                ids = []
-                for begin in range(0, len(source_ids), batch):
-                    nbest = translator.generate(
-                        source_ids[begin : begin + batch], beam_size=4, alignment_attention=True
-                    )
-                    ids.extend(hypotheses[0].token_ids for hypotheses in nbest)
-                cpu_ms[name][label].append(1000 * (time.process_time() - started) / len(source_ids))
-                outputs.setdefault(name, ids)
-    kernels.TRANSPOSED_FP32 = True
-    reference, *others = outputs.values()
-    return {
-        "cpu_ms_per_text": {
-            name: {label: round(statistics.median(values), 2) for label, values in by_batch.items()}
-            for name, by_batch in cpu_ms.items()
-        },
-        "same_ids": all(other == reference for other in others),
+    variants = {
+        "transposed (in, out)": lambda: transposed_fp32(True),
+        "before: oneDNN / F.linear": lambda: transposed_fp32(False),
     }
+    cpu_ms, outputs = engine_variants(translator, sentences, rounds, variants)
+    reference, *others = outputs.values()
+    return {"cpu_ms_per_text": cpu_ms, "same_ids": all(other == reference for other in others)}
 
 
 def main(argv: list[str] | None = None) -> int:
