@@ -161,6 +161,21 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
     assert retries >= 1
 
 
+def texts_by_pid(client: httpx.Client, deployment: str, model: str) -> dict[int, float]:
+    """Texts each live replica of `deployment` has translated so far, by process id: translation_texts_total's
+    replica label joined with translation_replica_info's replica and pid labels."""
+    from tests.service.prometheus_text import by_label, samples
+
+    text = client.get("/metrics").text
+    pids = {
+        labels["replica"]: int(labels["pid"])
+        for name, labels, _ in samples(text)
+        if name == "translation_replica_info" and labels.get("deployment") == deployment
+    }
+    texts = by_label(text, "translation_texts_total", "replica", model=model)
+    return {pid: texts.get(replica, 0.0) for replica, pid in pids.items()}
+
+
 def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_again(service_url, client):
     # A beam-search stream sends nothing until its translation is decoded (its first event, "start", comes with
     # the result), so a stream in flight on a killed replica is started again on the other one, as a unary call
@@ -169,14 +184,29 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
     from tests.service.prometheus_text import total
 
     port = urlsplit(service_url).port
-    victim = serving_replicas(client, port, "translator-en-zh")[0]  # the test before may still be replacing one
+    replicas = serving_replicas(client, port, "translator-en-zh")  # the test before may still be replacing one
+    texts_before = texts_by_pid(client, "translator-en-zh", "en-zh")
     retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
     options = en_zh([])
     options.pop("texts")
+    window = {"until": time.monotonic() + 120}  # streams go on until a few seconds after the kill
 
-    async def worker(http: AsyncTranslationClient, number: int, until: float) -> list[list[str]]:
+    def busy_replica() -> int:
+        # The victim is a replica that has finished one of this test's streams: the routers are sending it work,
+        # so with six streams always in flight some are on it. (Not merely the oldest: a router's cached queue
+        # length for a replica that took the test before's retries can keep every new stream on the other one.)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            texts = texts_by_pid(client, "translator-en-zh", "en-zh")
+            busy = [pid for pid in replicas if texts.get(pid, 0.0) > texts_before.get(pid, 0.0)]
+            if busy:
+                return busy[0]
+            time.sleep(0.2)
+        raise AssertionError("no en-zh replica finished a stream within 60 s")
+
+    async def worker(http: AsyncTranslationClient, number: int) -> list[list[str]]:
         outcomes = []
-        while time.monotonic() < until:  # streams one after another, so some are always in flight
+        while time.monotonic() < window["until"]:  # streams one after another, so some are always in flight
             text = f"{ENGLISH[number % len(ENGLISH)]} {number} {len(outcomes)}"
             try:
                 outcomes.append([event["type"] async for event in http.translate_stream(text, **options)])
@@ -186,10 +216,11 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
 
     async def streams() -> list:
         async with AsyncTranslationClient(service_url, timeout=90, max_retries=0) as http:
-            until = time.monotonic() + 6
-            tasks = [asyncio.create_task(worker(http, number, until)) for number in range(6)]
+            tasks = [asyncio.create_task(worker(http, number)) for number in range(6)]
             await asyncio.sleep(1.5)  # streams are decoding on both replicas
+            victim = await asyncio.to_thread(busy_replica)
             os.kill(victim, signal.SIGKILL)
+            window["until"] = time.monotonic() + 4.5
             return [outcome for outcomes in await asyncio.gather(*tasks) for outcome in outcomes]
 
     outcomes = asyncio.run(streams())
