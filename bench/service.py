@@ -188,10 +188,13 @@ def exit_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0, started: list | None = None) -> Iterator[str]:
+def serve_running(
+    config: dict, workdir: Path, timeout_s: float = 300.0, started: list | None = None, repository: Path = REPOSITORY
+) -> Iterator[str]:
     """`serve run` of config in its own process group; yields the base URL once both apps are ready.
 
     `started`, if given, receives the serve process's pid: the id of the OS session Ray's processes run in.
+    `repository`: the checkout whose code serves (another one: bench/revisions.py).
     """
     config_path = workdir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -201,8 +204,8 @@ def serve_running(config: dict, workdir: Path, timeout_s: float = 300.0, started
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command,
-            cwd=REPOSITORY,
-            env=serve_environment(),
+            cwd=repository,
+            env=serve_environment(repository),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -45,10 +45,11 @@ def serve_mode_environment() -> dict[str, str]:
     return {**HIGH_THROUGHPUT_MODE, **ports}
 
 
-def serve_environment() -> dict[str, str]:
+def serve_environment(repository: Path | None = None) -> dict[str, str]:
     """Environment for a `serve run` the tests or benchmarks start: a fresh local Ray cluster without token auth
-    or usage stats, the repository importable, and Serve's mode (serve_mode_environment)."""
-    repository = str(Path(__file__).resolve().parents[1])
+    or usage stats, the repository (this one, or another checkout of it) importable first, and Serve's mode
+    (serve_mode_environment)."""
+    repository = str(repository or Path(__file__).resolve().parents[1])
     return {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
