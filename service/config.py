@@ -52,7 +52,13 @@ class ServiceConfig(BaseModel):
 
     models: list[ModelSpec] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MODELS], min_length=1)
     max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (service/batching.py).")
-    batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="How long a batch waits to fill.")
+    batch_wait_timeout_s: float = Field(
+        0.01,
+        ge=0,
+        le=10,
+        description="How long a batch that is not full waits for more texts (not right after a batch of one "
+        "text: at light load a lone request starts at once).",
+    )
     scheduler: Literal["static", "continuous"] = Field(
         "static",
         description='"static": texts with equal options are decoded in batches, each to completion '

@@ -186,3 +186,39 @@ def test_when_the_oldest_item_is_cancelled_the_wait_restarts_from_the_next_one()
         assert kept_wait >= wait_s - 1e-6
 
     run(scenario())
+
+
+def test_after_a_lone_batch_the_next_item_starts_at_once_until_a_batch_holds_several():
+    async def scenario():
+        handler = Recorder()
+        wait_s = 0.3
+        queue = BatchQueue(handler, max_batch_size=8, wait_s=wait_s)
+        assert await queue.submit("first") == "done first"  # a new queue waits for company
+        assert await queue.submit("lone") == "done lone"  # after a batch of one: light load, no wait
+        assert await asyncio.gather(queue.submit("a"), queue.submit("b")) == ["done a", "done b"]  # at once too
+        assert await queue.submit("again") == "done again"  # after a batch of two: it waits again
+        assert handler.batches == [["first"], ["lone"], ["a", "b"], ["again"]]
+        # by the queue's own account (arrival to batch start)
+        first, lone, pair, again = (waits[0] for waits in handler.waits)
+        assert first >= wait_s - 1e-6 and again >= wait_s - 1e-6
+        assert lone < wait_s / 3 and pair < wait_s / 3
+
+    run(scenario())
+
+
+def test_items_that_arrive_while_the_engine_works_wait_for_company():
+    async def scenario():
+        handler = Recorder()
+        # a wait far longer than the test may run: only a full batch can leave in time
+        queue = BatchQueue(handler, max_batch_size=3, wait_s=60)
+        handler.release.clear()
+        running = [asyncio.create_task(queue.submit(i)) for i in range(3)]  # queued in one go: a full batch,
+        await handler.started.wait()  # which starts and is held
+        waiting = await submitted(queue, 3)  # arrives while the engine is busy
+        handler.release.set()
+        assert await asyncio.gather(*running) == ["done 0", "done 1", "done 2"]
+        later = [await submitted(queue, i) for i in (4, 5)]
+        assert await asyncio.gather(waiting, *later) == ["done 3", "done 4", "done 5"]
+        assert handler.batches == [[0, 1, 2], [3, 4, 5]]
+
+    run(scenario())
