@@ -10,8 +10,9 @@ For each scheduler (args.scheduler static, then continuous; one service at a tim
 2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
 3. alone: short texts one at a time (concurrency 1): the floor a short text's latency cannot go below;
 4. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
---engine-only runs no service: the engine alone, 32 sentences submitted together, and the closed-loop scenario
-with 16 sources in flight (one replica's share of concurrency 32) with where the continuous scheduler's time goes.
+--engine-only runs no service: the engine alone, 32 sentences submitted together, the closed-loop scenario
+with 16 sources in flight (one replica's share of concurrency 32) with where the continuous scheduler's time goes,
+and one text at a time (what the continuous machinery costs a lone request).
 Ratios are continuous / static from the same run: medians over --rounds rounds (default 3), each round
 starting both services afresh, the scheduler that goes first alternating.
 """
@@ -264,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{closed['throughput_ratio_median']}× (best {closed['throughput_ratio_best']}×)"
         )
         print("continuous, where a text's CPU goes (ms, median round):", closed["continuous_phases_ms_per_text"])
+        result["alone"] = closed_loop_comparison(translator, sentences, args.beam_size, rounds, texts=48, outstanding=1)
+        alone = result["alone"]
+        print(
+            f"engine alone, one text at a time ({alone['texts']} texts), CPU ms per text median / best: static "
+            f"{alone['cpu_ms_per_text_median']['static']} / {alone['cpu_ms_per_text_best']['static']}, continuous "
+            f"{alone['cpu_ms_per_text_median']['continuous']} / {alone['cpu_ms_per_text_best']['continuous']}"
+        )
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         return 0

@@ -103,7 +103,8 @@ class RaggedCache:
         """No rows (storage is kept)."""
         self._rows = 0
         self._lengths: list[int] = []  # per row in use: its source length (host)
-        self.self_mask: Tensor | None = None  # (rows, 1, 1, width) additive, set by `prepare`
+        self.self_mask: Tensor | None = None  # (rows, 1, 1, width) additive, set by `prepare`; None: rows level
+        self._row_index: Tensor | None = None  # arange(rows) for `append`'s indexed write; None: rows level
         self.width = 0  # positions written by the furthest row + 1, after `prepare`
         self._views()
 
@@ -233,8 +234,17 @@ class RaggedCache:
         self._views()
 
     def prepare(self) -> None:
-        """Before a step: the self-attention mask for positions 0..max(positions)."""
-        self.width = int(self.positions.max()) + 1
+        """Before a step: the self-attention mask for positions 0..max(positions), and where `append` writes.
+
+        When every row is at the same position (one request alone, or requests that joined together) nothing
+        is hidden: no mask, and `append` writes one slice, as the static search's cache does (the same values
+        as the masked, indexed path: adding a mask of zeros changes no score)."""
+        low, high = (int(v) for v in torch.aminmax(self.positions))
+        self.width = high + 1
+        if low == high:
+            self.self_mask, self._row_index = None, None
+            return
+        self._row_index = torch.arange(self._rows, device=self.device)
         reached = torch.arange(self.width, device=self.device)[None, :] <= self.positions[:, None]
         mask = torch.zeros(reached.shape, dtype=self._source_mask.dtype, device=self.device)
         self.self_mask = mask.masked_fill_(~reached, torch.finfo(mask.dtype).min)[:, None, None, :]
@@ -245,10 +255,13 @@ class RaggedCache:
 
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step's K/V (rows, h, 1, d_k) at each row's own position; return K/V up to `width`."""
-        rows = torch.arange(key.size(0), device=key.device)
-        self._self_key[layer][rows, :, self.positions] = key[:, :, 0]
-        self._self_value[layer][rows, :, self.positions] = value[:, :, 0]
         rows, width = self._rows, self.width
+        if self._row_index is None:  # every row at position width - 1 (see `prepare`)
+            self._self_key[layer][:rows, :, width - 1] = key[:, :, 0]
+            self._self_value[layer][:rows, :, width - 1] = value[:, :, 0]
+        else:
+            self._self_key[layer][self._row_index, :, self.positions] = key[:, :, 0]
+            self._self_value[layer][self._row_index, :, self.positions] = value[:, :, 0]
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
