@@ -2,6 +2,7 @@
 
     python -m bench.revisions HEAD~1                  # 3 rounds, the working tree's deploy/serve.yaml for both
     python -m bench.revisions 293c0d3 --rounds 5 --output /tmp/ab.json
+    python -m bench.revisions HEAD~1 --scheduler continuous   # both sides with args.scheduler: continuous
 
 A change to the service or the engine is judged against the code before it on the same machine in the same
 minutes: this machine's speed moves ±20-30% between runs, far more than most changes. Each round starts `serve
@@ -83,9 +84,13 @@ def measure(url: str, sentences: list[str], beam_size: int) -> dict[str, Any]:
 
 
 def median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over rounds (None where no round has it: the continuous scheduler has no batch queue)."""
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
     return {
-        phase: {key: statistics.median(r[phase][key] for r in rounds if r[phase][key] is not None)
-                for key in rounds[0][phase]}
+        phase: {key: median([r[phase][key] for r in rounds if r[phase][key] is not None]) for key in rounds[0][phase]}
         for phase in rounds[0]
     }
 
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("revision", help="the git revision to compare the working tree against, e.g. HEAD~1")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--scheduler", choices=["static", "continuous"], help="args.scheduler on both sides")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--output", type=Path, default=RESULTS / "revisions-cpu.json")
     args = parser.parse_args(argv)
@@ -112,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 order = ("revision", "working tree") if round_ % 2 == 0 else ("working tree", "revision")
                 for side in order:
                     config = bench_config(free_port(), None)
+                    if args.scheduler:
+                        config["applications"][0]["args"]["scheduler"] = args.scheduler
                     with tempfile.TemporaryDirectory(prefix="bench-serve-") as workdir:
                         repository = checkout if side == "revision" else REPOSITORY
                         with serve_running(config, Path(workdir), repository=repository) as url:
@@ -126,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
         "revision": commit,
         "beam_size": args.beam_size,
+        "scheduler": args.scheduler or "as deploy/serve.yaml",
         "rounds": args.rounds,
         "medians": medians,
         "per_round": runs,
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase, figures in medians["revision"].items():
         for key, before in figures.items():
             after = medians["working tree"][phase][key]
-            ratio = f"{after / before:.2f}×" if before else ""
+            ratio = f"{after / before:.2f}×" if before and after is not None else ""
             print(f"| {phase} {key} | {before} | {after} | {ratio} |")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
