@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import re
 import statistics
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {side: median_of(results) for side, results in runs.items()}
     report = {
         "command": " ".join(["python -m bench.revisions", *sys.argv[1:]]),
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "revision": commit,
         "beam_size": args.beam_size,
         "scheduler": args.scheduler or "as deploy/serve.yaml",
