@@ -104,7 +104,6 @@ class RaggedCache:
         self._rows = 0
         self._lengths: list[int] = []  # per row in use: its source length (host)
         self.self_mask: Tensor | None = None  # (rows, 1, 1, width) additive, set by `prepare`; None: rows level
-        self._row_index: Tensor | None = None  # arange(rows) for `append`'s indexed write; None: rows level
         self.width = 0  # positions written by the furthest row + 1, after `prepare`
         self._views()
 
@@ -239,12 +238,11 @@ class RaggedCache:
         When every row is at the same position (one request alone, or requests that joined together) nothing
         is hidden: no mask, and `append` writes one slice, as the static search's cache does (the same values
         as the masked, indexed path: adding a mask of zeros changes no score)."""
-        low, high = (int(v) for v in torch.aminmax(self.positions))
+        low, high = torch.stack(torch.aminmax(self.positions)).tolist()  # one read of the device
         self.width = high + 1
         if low == high:
-            self.self_mask, self._row_index = None, None
+            self.self_mask = None
             return
-        self._row_index = torch.arange(self._rows, device=self.device)
         reached = torch.arange(self.width, device=self.device)[None, :] <= self.positions[:, None]
         mask = torch.zeros(reached.shape, dtype=self._source_mask.dtype, device=self.device)
         self.self_mask = mask.masked_fill_(~reached, torch.finfo(mask.dtype).min)[:, None, None, :]
@@ -256,12 +254,13 @@ class RaggedCache:
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Write one step's K/V (rows, h, 1, d_k) at each row's own position; return K/V up to `width`."""
         rows, width = self._rows, self.width
-        if self._row_index is None:  # every row at position width - 1 (see `prepare`)
+        if self.self_mask is None:  # every row at position width - 1 (see `prepare`)
             self._self_key[layer][:rows, :, width - 1] = key[:, :, 0]
             self._self_value[layer][:rows, :, width - 1] = value[:, :, 0]
         else:
-            self._self_key[layer][self._row_index, :, self.positions] = key[:, :, 0]
-            self._self_value[layer][self._row_index, :, self.positions] = value[:, :, 0]
+            index = torch.arange(rows, device=key.device)
+            self._self_key[layer][index, :, self.positions] = key[:, :, 0]
+            self._self_value[layer][index, :, self.positions] = value[:, :, 0]
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
