@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import sys
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     mixed_count, closed_count, alone_count = (60, 100, 20) if args.quick else (300, 400, 100)
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.continuous", *sys.argv[1:]]),
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "beam_size": args.beam_size,
         "load": args.load,
         "schedulers": {},

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -38,25 +37,20 @@ if str(REPOSITORY) not in sys.path:
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running  # noqa: E402
 from tests.loadgen import run_load, translate_bodies  # noqa: E402
 from tests.processes import free_port  # noqa: E402
+from tests.service.prometheus_text import total  # noqa: E402
 
 MODEL = "en-zh"
 
 
-def metric_total(text: str, name: str) -> float:
-    """The sum over replicas of one en-zh series (a histogram's _sum or _count) in a /metrics text."""
-    pattern = rf'^{name}{{[^}}]*model="{MODEL}"[^}}]*}} (\S+)$'
-    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
-
-
 def queue_figures(before: str, after: str) -> dict[str, float | None]:
-    """Between two scrapes: the batch queue's mean wait per text (ms) and texts per batch."""
-    waits = metric_total(after, "translation_batch_queue_wait_seconds_sum") - metric_total(
-        before, "translation_batch_queue_wait_seconds_sum"
-    )
-    texts = metric_total(after, "translation_batch_size_sum") - metric_total(before, "translation_batch_size_sum")
-    batches = metric_total(after, "translation_batch_size_count") - metric_total(
-        before, "translation_batch_size_count"
-    )
+    """Between two scrapes: the batch queue's mean wait per text (ms) and texts per batch (en-zh, all replicas)."""
+
+    def grown(name: str) -> float:
+        return total(after, name, model=MODEL) - total(before, name, model=MODEL)
+
+    waits = grown("translation_batch_queue_wait_seconds_sum")
+    texts = grown("translation_batch_size_sum")
+    batches = grown("translation_batch_size_count")
     return {
         "queue_wait_ms_per_text": round(1000 * waits / texts, 2) if texts else None,
         "texts_per_batch": round(texts / batches, 2) if batches else None,
