@@ -346,8 +346,11 @@ def stage_serve(stages: Stages, device: str, data: Path, port: int) -> dict:
         tokens_per_s = load.target_tokens / load.wall_s if load.wall_s else 0.0
         ratio = tokens_per_s / engine["tokens_per_s"]
         stages.row("serve", "16-text requests, concurrency 8", f"{tokens_per_s:.0f} tokens/s, statuses "
-                   f"{dict(load.statuses)}, p50 {load.percentile_ms(50)} ms")
-        stages.row("serve", "service / raw engine tokens/s", f"{ratio:.2f}", "(≥ 0.70)", ratio >= 0.7)
+                   f"{dict(load.statuses)}, p50 {load.percentile_ms(50):.0f} ms")
+        # a GPU target; a CPU rehearsal's engine and replicas share the same few cores, so there it is only shown
+        on_gpu = device == "cuda"
+        stages.row("serve", "service / raw engine tokens/s", f"{ratio:.2f}", "(≥ 0.70)" if on_gpu else "(GPU target)",
+                   ratio >= 0.7 if on_gpu else None)
         out.update({"service_tokens_per_s": tokens_per_s, "ratio": ratio, "statuses": dict(load.statuses)})
     finally:
         stop_process_group(process)
