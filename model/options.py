@@ -21,9 +21,10 @@ class DecodingOptions:
     beam_size        beams per input (num_beams)
     n_best           hypotheses returned per input, best first (num_return_sequences); at most beam_size
     max_new_tokens   the length budget: at most this many generated tokens, the last a forced </s>;
-                     None: 2 × source length + 10, within the model's positions
+                     None: 2 × source length + 10, at least min_new_tokens, within the model's positions
     length_penalty   finished hypotheses rank by score / length ** length_penalty
-    min_new_tokens   </s> is banned before this many tokens
+    min_new_tokens   </s> is banned before this many tokens (as in transformers, max_new_tokens still ends
+                     a translation; without it the default budget grows to min_new_tokens)
     """
 
     beam_size: int = 4

@@ -86,9 +86,10 @@ def default_max_new_tokens(source_length: int, limit: int) -> int:
 
 
 def length_budget(source_length: int, options: DecodingOptions, limit: int) -> int:
-    """New tokens a source may get: options.max_new_tokens, else the default budget; within `limit` positions."""
+    """New tokens a source may get: options.max_new_tokens, else the default budget raised to min_new_tokens (a
+    translation asked to run that long may); within `limit` positions."""
     if options.max_new_tokens is None:
-        return default_max_new_tokens(source_length, limit)
+        return min(limit, max(default_max_new_tokens(source_length, limit), options.min_new_tokens))
     return min(options.max_new_tokens, limit)
 
 

@@ -251,6 +251,8 @@ class TranslatorDeployment:
         limit = self.translator.config.max_position_embeddings
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
+        if options.min_new_tokens > limit:
+            raise InputTooLongError(f"min_length must be at most {limit} for model {self.spec.id}")
 
     async def _decode_continuously(self, text: str, options: DecodingOptions, attention: str) -> dict:
         """One text through the replica's decode loop; a caller that stops waiting frees its rows."""

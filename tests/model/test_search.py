@@ -103,17 +103,34 @@ def test_pad_is_never_generated_and_every_output_ends_with_eos(translator):
             assert len(hypothesis.token_ids) <= 10
 
 
-def test_default_length_budget_grows_with_the_source(translator):
+def never_ending_translator(directory) -> Translator:
+    """A random model whose </s> logit is pushed far down: every output runs until its length budget ends it."""
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    weights = load_file(path)
+    eos = Translator.from_pretrained(directory, device="cpu").config.eos_token_id
+    weights["final_logits_bias"][..., eos] = -1e4
+    save_file(weights, path, metadata={"format": "pt"})
+    return Translator.from_pretrained(directory, device=DEVICE)
+
+
+def test_default_length_budget_grows_with_the_source(tmp_path):
+    translator = never_ending_translator(make_model_dir(tmp_path, seed=5))
     texts = ["The cat.", "The big red dog sat on the mat.", " ".join(["the big red dog"] * 6)]
     sources = translator.encode_source(texts)
     assert [len(ids) for ids in sources] == sorted({len(ids) for ids in sources}), "sources must grow"
-    # </s> banned until the budget forces it: each output is exactly as long as its budget allows
-    results = translator.generate(sources, beam_size=1, min_new_tokens=10_000)
-    lengths = [len(hypotheses[0].token_ids) for hypotheses in results]
-    assert lengths == sorted(set(lengths)), f"budgets {lengths} do not grow with sources {list(map(len, sources))}"
-    for source, length in zip(sources, lengths, strict=True):
-        assert len(source) <= length <= 2 * len(source) + 10  # generous, and bounded as documented
-    assert lengths[-1] > 2 * len(sources[0]) + 10  # longer than the shortest source's budget could ever allow
+    lengths = [len(hypotheses[0].token_ids) for hypotheses in translator.generate(sources, beam_size=1)]
+    assert lengths == [2 * len(source) + 10 for source in sources]  # the documented default budget, exactly
+    # min_new_tokens beyond that budget raises it (a translation asked to run that long may), within the positions
+    longer = translator.generate(sources, beam_size=1, min_new_tokens=lengths[0] + 7)
+    assert [len(h[0].token_ids) for h in longer] == [max(n, lengths[0] + 7) for n in lengths]
+    limit = translator.config.max_position_embeddings
+    capped = translator.generate(sources[:1], beam_size=2, min_new_tokens=10 * limit)
+    assert len(capped[0][0].token_ids) == limit and capped[0][0].token_ids[-1] == translator.config.eos_token_id
+    # an explicit max_new_tokens still ends it first, as in transformers
+    ended = translator.generate(sources[:1], beam_size=1, min_new_tokens=40, max_new_tokens=12)
+    assert len(ended[0][0].token_ids) == 12
 
 
 @pytest.mark.parametrize("rows, width, m", [(16, 8935, 8), (64, 8935, 8), (20, 32000, 16), (16, 300, 4), (33, 1000, 2)])

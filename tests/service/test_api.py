@@ -270,3 +270,7 @@ def test_min_length_holds_the_end_token_back(client):
     assert len(held["target_tokens"]) > len(free["target_tokens"]) or len(free["target_tokens"]) >= 20
     refused = client.post("/v1/translate", json={"texts": ["Hi."], **EN_ZH, "min_length": 9, "max_length": 8})
     assert refused.status_code == 422
+    # without max_length, a min_length beyond the default budget (2 × source + 10) raises the budget to it
+    (longer,) = translate(client, ["Hi."], beam_size=1, min_length=40)["translations"]
+    assert len(longer["source_tokens"]) * 2 + 10 < 40
+    assert len(longer["target_tokens"]) == 40 and longer["target_tokens"][-1] == "</s>"
