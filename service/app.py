@@ -91,7 +91,8 @@ api = FastAPI(
     version="1.0.0",
     description="Translation whose answers explain themselves: every translation carries the attention that "
     "produced it, fetchable later by explanation id, and one head's arithmetic can be opened step by step.",
-    docs_url=None,  # /docs comes from service/docs.py, with Swagger UI served locally instead of from a CDN
+    docs_url=None,  # /docs and /redoc come from service/docs.py, their scripts served locally, not from a CDN
+    redoc_url=None,
 )
 api.add_middleware(ServiceMiddleware)
 add_offline_docs(api)  # before /static: its assets live below /static/swagger-ui

@@ -207,6 +207,10 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str, str]:
     problems = error.errors()
     if any(problem.get("type") == "json_invalid" for problem in problems):
         return 400, "invalid_json", "the request body is not valid JSON"
+    # FastAPI reads the body as JSON only when its content type says so; otherwise the model gets raw bytes
+    # (curl's -d without -H sends application/x-www-form-urlencoded)
+    if any(problem.get("loc") == ("body",) and isinstance(problem.get("input"), bytes) for problem in problems):
+        return 415, "unsupported_media_type", "send the request body as JSON, with content-type: application/json"
     parts = []
     for problem in problems[:5]:
         location = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or "body"

@@ -79,6 +79,19 @@ def test_malformed_json_is_400(client):
     assert_error(response, 400, "invalid_json")
 
 
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain"], ids=["form, as curl -d sends it", "text"]
+)
+def test_a_json_body_sent_under_another_content_type_is_415_saying_so(client, content_type):
+    """A valid request body under another content type is not read as JSON (FastAPI's rule); the answer names
+    the fix rather than a field error about a dictionary. With no content type at all it is read as JSON."""
+    body = b'{"texts": ["I like tea."], "source_lang": "en", "target_lang": "zh"}'
+    headers = {"content-type": content_type}
+    error = assert_error(client.post("/v1/translate", content=body, headers=headers), 415, "unsupported_media_type")
+    assert "content-type: application/json" in error["message"]
+    assert client.post("/v1/translate", content=body, headers={"content-type": "application/json"}).status_code == 200
+
+
 def test_a_json_array_body_is_422(client):
     assert_error(client.post("/v1/translate", json=[1, 2]), 422)
 
@@ -115,8 +128,12 @@ def test_a_text_longer_than_the_model_allows_is_413(client):
     assert f"{info['max_text_characters']} characters" in message and f"{info['max_source_tokens']} tokens" in message
 
 
-def test_max_length_beyond_the_model_is_413(client):
-    assert_error(client.post("/v1/translate", json={"texts": ["a"], "max_length": 300, **EN_ZH}), 413, "input_too_long")
+def test_max_length_or_min_length_beyond_the_model_is_413(client):
+    limit = next(m for m in client.get("/v1/models").json()["models"] if m["id"] == "en-zh")["max_source_tokens"]
+    for field in ("max_length", "min_length"):
+        response = client.post("/v1/translate", json={"texts": ["a"], field: 300, **EN_ZH})
+        error = assert_error(response, 413, "input_too_long")
+        assert field in error["message"] and str(limit) in error["message"]
 
 
 def test_a_malformed_explanation_id_is_400(client):

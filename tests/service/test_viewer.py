@@ -739,8 +739,10 @@ def test_a_continuous_scheduler_streams_the_tokens_onto_the_page_before_the_expl
     assert errors == [], errors
 
 
-def test_api_docs_render_offline_from_the_services_own_files(browser, service_url):
-    """/docs with every request outside the service refused: Swagger UI comes from the service itself."""
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_api_docs_render_offline_from_the_services_own_files(browser, service_url, path):
+    """/docs (Swagger UI) and /redoc with every request outside the service refused: their scripts, styles and
+    fonts come from the service itself, and the page renders the /v1/translate operation."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     refused: list[str] = []
 
@@ -755,11 +757,18 @@ def test_api_docs_render_offline_from_the_services_own_files(browser, service_ur
         context.route("**/*", only_the_service)
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(service_url + "/docs")
-        operation = page.locator(".opblock-post", has=page.locator(".opblock-summary-path", has_text="/v1/translate"))
-        operation.first.wait_for(state="visible")
-        assert operation.first.locator(".opblock-summary-method").inner_text() == "POST"
-        screenshot(page, "docs-offline")
+        page.goto(service_url + path)
+        if path == "/docs":
+            operation = page.locator(
+                ".opblock-post", has=page.locator(".opblock-summary-path", has_text="/v1/translate")
+            )
+            operation.first.wait_for(state="visible")
+            assert operation.first.locator(".opblock-summary-method").inner_text() == "POST"
+        else:  # ReDoc: one section per operation, the path in its request panel
+            operation = page.locator("[data-section-id^='operation/']", has_text="/v1/translate")
+            operation.first.wait_for(state="attached")
+            assert "post" in operation.first.inner_text().lower()
+        screenshot(page, f"docs-offline{path.replace('/', '-')}")
     finally:
         context.close()
     assert refused == []
