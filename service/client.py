@@ -94,6 +94,16 @@ class _Client:
             return None
         return _delay(response, attempt, self.backoff_s)
 
+    def _stream_retry_delay(self, response: httpx.Response | None, attempt: int, answered: bool) -> float:
+        """Seconds before a stream is sent again, after a failed connection (response None) or an error answer;
+        raises instead when it may not be: it had answered (events may have been seen), or retries are spent."""
+        delay = None if answered else self._retry_delay(response, attempt)
+        if delay is None:
+            if response is None:
+                raise  # the TransportError being handled
+            raise _error_of(response)
+        return delay
+
     @staticmethod
     def _result(response: httpx.Response | None) -> Any:
         if response is None:
@@ -174,16 +184,24 @@ class TranslationClient(_Client):
         **options: Any,
     ) -> Iterator[dict]:
         """POST /v1/translate/stream: the events as they arrive ("start", "token"s, "result"); options as
-        translate. Breaking out of the loop closes the connection, and the service stops decoding."""
+        translate. Breaking out of the loop closes the connection, and the service stops decoding. A 503 or a
+        failed connection is retried as translate's are, only before the stream has answered."""
         body = _stream_body(text, source_lang, target_lang, model, options)
-        with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
-            if not response.is_success:
-                response.read()
-                raise _error_of(response)
-            parser = _EventParser()
-            for line in response.iter_lines():
-                if (event := parser.feed(line)) is not None:
-                    yield event
+        for attempt in itertools.count():
+            answered = False  # once the stream has answered, nothing is sent again (events may have been seen)
+            try:
+                with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
+                    if response.is_success:
+                        answered = True
+                        parser = _EventParser()
+                        for line in response.iter_lines():
+                            if (event := parser.feed(line)) is not None:
+                                yield event
+                        return
+                    response.read()
+                time.sleep(self._stream_retry_delay(response, attempt, answered))
+            except httpx.TransportError:
+                time.sleep(self._stream_retry_delay(None, attempt, answered))
 
     def ready(self) -> bool:
         try:
@@ -234,14 +252,21 @@ class AsyncTranslationClient(_Client):
     ) -> AsyncIterator[dict]:
         """POST /v1/translate/stream, as TranslationClient.translate_stream: `async for event in ...`."""
         body = _stream_body(text, source_lang, target_lang, model, options)
-        async with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
-            if not response.is_success:
-                await response.aread()
-                raise _error_of(response)
-            parser = _EventParser()
-            async for line in response.aiter_lines():
-                if (event := parser.feed(line)) is not None:
-                    yield event
+        for attempt in itertools.count():
+            answered = False
+            try:
+                async with self.http.stream("POST", "/v1/translate/stream", json=body) as response:
+                    if response.is_success:
+                        answered = True
+                        parser = _EventParser()
+                        async for line in response.aiter_lines():
+                            if (event := parser.feed(line)) is not None:
+                                yield event
+                        return
+                    await response.aread()
+                await asyncio.sleep(self._stream_retry_delay(response, attempt, answered))
+            except httpx.TransportError:
+                await asyncio.sleep(self._stream_retry_delay(None, attempt, answered))
 
     async def ready(self) -> bool:
         try:
