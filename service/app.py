@@ -161,14 +161,15 @@ class Ingress:
                 return spec.id
         raise ModelNotServedError(f"no model translates {source_lang}→{target_lang}; available: {available}")
 
-    async def call(self, start: Callable[[], Any]) -> Any:
+    async def call(self, start: Callable[[], Any], limited: bool = True) -> Any:
         """Run start() (a translator call, or a coalesced request) within the in-flight limit and the timeout.
 
         A call whose replica was lost (killed, its node gone) is started once more, on whichever replica the
-        router picks, within the same timeout; a second loss answers 503 (service/errors.py)."""
-        if self.in_flight >= self.config.max_in_flight_requests:
+        router picks, within the same timeout; a second loss answers 503 (service/errors.py). limited=False:
+        a call that costs the model nothing (its info) is neither refused at the limit nor counted in it."""
+        if limited and self.in_flight >= self.config.max_in_flight_requests:
             raise OverloadedError(self.config.retry_after_s)
-        self.in_flight += 1
+        self.in_flight += int(limited)
         deadline = time.monotonic() + self.config.request_timeout_s
         try:
             for attempt in (1, 2):
@@ -186,7 +187,7 @@ class Ingress:
                     self.metrics.replica_retries.inc()
                     logger.warning("a replica was lost during a call (%s); sending it again", type(error).__name__)
         finally:
-            self.in_flight -= 1
+            self.in_flight -= int(limited)
         if isinstance(result, Rejected):
             raise result.error  # mapped to its status in service/errors.py like any other error
         return result
@@ -198,7 +199,9 @@ class Ingress:
     async def model_infos(self) -> list[dict]:
         if self._info is None or time.monotonic() - self._info_at > INFO_CACHE_S:
             handles = [self.translators[model] for model in self.specs]
-            self._info = list(await asyncio.gather(*(self.call(h.info.remote) for h in handles)))
+            # not held back by the in-flight limit: a service at capacity is still ready (a readiness probe
+            # failing under load would take the replica out of rotation and pile its work on the others)
+            self._info = list(await asyncio.gather(*(self.call(h.info.remote, limited=False) for h in handles)))
             self._info_at = time.monotonic()
         return self._info
 

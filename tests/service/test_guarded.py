@@ -1,6 +1,7 @@
 """API keys, CORS, backpressure (503 + Retry-After) and timeouts (504) on the "guarded" application."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -90,3 +91,37 @@ def test_a_request_over_the_in_flight_limit_is_503_with_retry_after(guarded_url)
     assert_error(refused, 503, "overloaded")
     assert refused.headers["retry-after"] == "1"
     assert_error(timed_out, 504, "timeout")
+
+
+def test_a_service_at_its_in_flight_limit_is_still_ready(guarded_url):
+    """/readyz and /v1/models are not refused by the in-flight limit: a readiness probe failing under load would
+    take a busy replica out of rotation. For 12 s the one slot is held (each translation waits 2 s for its 504),
+    longer than the ingress caches model info (10 s), so a refresh happens while the limit is reached."""
+
+    async def run() -> tuple[list[int], list[int]]:
+        async with httpx.AsyncClient(base_url=guarded_url, timeout=60, headers=BEARER) as client:
+            held = asyncio.Event()
+
+            async def hold() -> None:
+                end = time.monotonic() + 12
+                while time.monotonic() < end:
+                    request = asyncio.create_task(client.post("/v1/translate", json=TRANSLATE))
+                    await asyncio.sleep(0.2)
+                    held.set()
+                    await request
+
+            async def probe(holding: asyncio.Task) -> tuple[list[int], list[int]]:
+                await held.wait()
+                ready, refused = [], []
+                while not holding.done():
+                    ready += [(await client.get(path)).status_code for path in ("/readyz", "/v1/models")]
+                    refused.append((await client.post("/v1/translate", json=TRANSLATE)).status_code)
+                    await asyncio.sleep(0.2)
+                return ready, refused
+
+            holding = asyncio.create_task(hold())
+            return await probe(holding)
+
+    ready, translations = asyncio.run(run())
+    assert translations.count(503) >= 10, translations  # the limit was reached throughout
+    assert ready and set(ready) == {200}, ready
