@@ -94,14 +94,16 @@ class _Client:
             return None
         return _delay(response, attempt, self.backoff_s)
 
-    def _stream_retry_delay(self, response: httpx.Response | None, attempt: int, answered: bool) -> float:
-        """Seconds before a stream is sent again, after a failed connection (response None) or an error answer;
-        raises instead when it may not be: it had answered (events may have been seen), or retries are spent."""
+    def _stream_retry_delay(
+        self, outcome: httpx.Response | httpx.TransportError, attempt: int, answered: bool
+    ) -> float:
+        """Seconds before a stream is sent again after an error answer or a failed connection; raises the
+        service's error (or the connection's) instead when it may not be: it had answered (events may have been
+        seen), or retries are spent."""
+        response = outcome if isinstance(outcome, httpx.Response) else None
         delay = None if answered else self._retry_delay(response, attempt)
         if delay is None:
-            if response is None:
-                raise  # the TransportError being handled
-            raise _error_of(response)
+            raise outcome if response is None else _error_of(response)
         return delay
 
     @staticmethod
@@ -200,8 +202,8 @@ class TranslationClient(_Client):
                         return
                     response.read()
                 time.sleep(self._stream_retry_delay(response, attempt, answered))
-            except httpx.TransportError:
-                time.sleep(self._stream_retry_delay(None, attempt, answered))
+            except httpx.TransportError as error:
+                time.sleep(self._stream_retry_delay(error, attempt, answered))
 
     def ready(self) -> bool:
         try:
@@ -265,8 +267,8 @@ class AsyncTranslationClient(_Client):
                         return
                     await response.aread()
                 await asyncio.sleep(self._stream_retry_delay(response, attempt, answered))
-            except httpx.TransportError:
-                await asyncio.sleep(self._stream_retry_delay(None, attempt, answered))
+            except httpx.TransportError as error:
+                await asyncio.sleep(self._stream_retry_delay(error, attempt, answered))
 
     async def ready(self) -> bool:
         try:
