@@ -184,12 +184,8 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
     from tests.service.prometheus_text import total
 
     port = urlsplit(service_url).port
-    replicas = serving_replicas(client, port, "translator-en-zh")  # the test before may still be replacing one
-    texts_before = texts_by_pid(client, "translator-en-zh", "en-zh")
-    retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
     options = en_zh([])
     options.pop("texts")
-    window = {"until": time.monotonic() + 120}  # streams go on until a few seconds after the kill
 
     def busy_replica() -> int:
         # The victim is a replica that has finished one of this test's streams: the routers are sending it work,
@@ -223,8 +219,18 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
             window["until"] = time.monotonic() + 4.5
             return [outcome for outcomes in await asyncio.gather(*tasks) for outcome in outcomes]
 
-    outcomes = asyncio.run(streams())
-    assert outcomes and all(outcome == ["start", "result"] for outcome in outcomes), outcomes
-    retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
+    # A kill can still fall where no stream is on the victim (the routers may have moved them all to the other
+    # replica since it finished one): nothing to send again, and nothing lost. Then again, once it is back:
+    # 0 retries in one run of three fresh-clone CI runs, with six streams of 96+ steps in flight.
+    for _ in range(3):
+        replicas = serving_replicas(client, port, "translator-en-zh")  # the two serving (a test may be replacing one)
+        texts_before = texts_by_pid(client, "translator-en-zh", "en-zh")
+        retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
+        window = {"until": time.monotonic() + 120}  # streams go on until a few seconds after the kill
+        outcomes = asyncio.run(streams())
+        assert outcomes and all(outcome == ["start", "result"] for outcome in outcomes), outcomes
+        retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
+        if retries >= 1:
+            break
     assert retries >= 1
     serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
