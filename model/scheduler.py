@@ -111,6 +111,15 @@ class RaggedCache:
     def rows(self) -> int:
         return self._rows
 
+    @property
+    def key_buffers(self) -> list[Tensor]:
+        """Each layer's self-attention K storage (row capacity, h, position capacity, d_k): what `append` writes."""
+        return self._self_key
+
+    @property
+    def value_buffers(self) -> list[Tensor]:
+        return self._self_value
+
     def _views(self) -> None:
         """The rows in use, cut to the longest source among them: what a decoding step reads."""
         rows, source = self._rows, max(self._lengths, default=0)
@@ -296,10 +305,12 @@ class Scheduler:
         max_rows: int = 64,
         max_waiting: int = 1024,
         alignment_head: tuple[int, int | None] | None = None,
+        step=None,
     ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         self.model = model
+        self.decoder_step = step  # model.runtime's compiled or eager step; None: `decode_rows` on the model itself
         self.config = model.config
         self.device = model.final_logits_bias.device
         self.max_rows = max_rows
@@ -360,7 +371,10 @@ class Scheduler:
             return []
         full = any(r.return_attention or r.on_token is not None for r in self.running)
         rows_only = any(r.alignment_rows and not r.return_attention for r in self.running)
-        logits, cross = decode_rows(self.model, self.last_tokens, self.cache, full or rows_only)
+        if self.decoder_step is None:
+            logits, cross = decode_rows(self.model, self.last_tokens, self.cache, full or rows_only)
+        else:
+            logits, cross = self.decoder_step.decode_rows(self.last_tokens, self.cache, full or rows_only)
         attention = torch.stack(cross, dim=1) if full else None  # (N, L, h, S)
         alignment = _captured(cross, False, self.alignment_head) if rows_only else None  # (N, S)
 
@@ -591,8 +605,11 @@ class DecodeLoop:
         max_rows: int = 64,
         max_waiting: int = 1024,
         alignment_head: tuple[int, int | None] | None = None,
+        step=None,
     ) -> None:
-        self.scheduler = Scheduler(model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head)
+        self.scheduler = Scheduler(
+            model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head, step=step
+        )
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Condition()
         self._futures: dict[int, tuple[DecodeRequest, Future]] = {}

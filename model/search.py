@@ -126,6 +126,7 @@ def beam_search(
     return_attention: bool = False,
     alignment_head: tuple[int, int | None] | None = None,
     check_every: int | None = None,
+    step=None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
@@ -133,7 +134,8 @@ def beam_search(
     ends every hypothesis with eos. return_attention: each hypothesis carries every layer's and head's
     cross-attention; alignment_head (layer, head or None): it carries that head's rows
     (`alignment_attention`), all an alignment needs. check_every: steps between reads of which
-    inputs are done (None: 1 on the CPU, CHECK_EVERY_GPU on a GPU); the output is the same.
+    inputs are done (None: 1 on the CPU, CHECK_EVERY_GPU on a GPU); the output is the same. step: what runs each
+    decoding step (model.runtime.load_step's compiled or eager step; None: the model's own `decode_step`).
     """
     options = options or DecodingOptions()
     config = model.config
@@ -151,9 +153,10 @@ def beam_search(
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     encoder = model.encode(padded, mask)
     capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
+    decode = model.decode_step if step is None else step.decode_step
     if options.beam_size == 1:
-        return _greedy(model, encoder, lengths, budgets, options, capture)
-    return _beam(model, encoder, lengths, budgets, options, capture)
+        return _greedy(model, decode, encoder, lengths, budgets, options, capture)
+    return _beam(model, decode, encoder, lengths, budgets, options, capture)
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,7 @@ def beam_step(
 
 def _greedy(
     model: Transformer,
+    decode,
     encoder,
     lengths: list[int],
     budgets: list[int],
@@ -338,7 +342,7 @@ def _greedy(
     offset = 0
     last_tokens = torch.full((batch,), config.decoder_start_token_id, dtype=torch.long, device=device)
     for step in range(width):
-        logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
+        logits, cross = decode(last_tokens, cache, need_weights=capture.wanted)
         ending = [row for row, index in enumerate(active) if budgets[index] <= step + 1]
         logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         best_logprob, best = logprobs.max(dim=-1)  # (N,)
@@ -387,6 +391,7 @@ def _greedy(
 
 def _beam(
     model: Transformer,
+    decode,
     encoder,
     lengths: list[int],
     budgets: list[int],
@@ -421,7 +426,7 @@ def _beam(
 
     for step in range(width):
         items = len(active)
-        logits, cross = model.decode_step(last_tokens, cache, need_weights=capture.wanted)
+        logits, cross = decode(last_tokens, cache, need_weights=capture.wanted)
         ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
         logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         item_rows = torch.arange(items, device=device)[:, None]

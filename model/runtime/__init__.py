@@ -1,0 +1,20 @@
+"""The decoding runtime: one compiled call per decoding step (every decoder layer, the output projection), with the
+matmul kernels measured on the real weights when a model loads, and the lecture model's eager step as the fallback.
+
+`load_step(model, precision)` gives what the search and the continuous scheduler step through; `build()` compiles
+the C++ step (model/runtime/csrc/step.cpp, over ATen) ahead of time, as the Dockerfile and CI do.
+"""
+
+from __future__ import annotations
+
+from model.runtime.step import (
+    RUNTIME_ENV,
+    CompiledStep,
+    EagerStep,
+    RuntimeInfo,
+    build,
+    compiled_extension,
+    load_step,
+)
+
+__all__ = ["RUNTIME_ENV", "CompiledStep", "EagerStep", "RuntimeInfo", "build", "compiled_extension", "load_step"]

@@ -1,0 +1,265 @@
+"""The compiled decoding step (csrc/step.cpp) built and loaded, its kernels chosen on the running machine, and the
+eager step it falls back to; both expose `decode_step` (the static search's cache) and `decode_rows` (the continuous
+scheduler's ragged rows)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from model.kernels import REDUCE_RANGE, quantize_per_channel
+
+logger = logging.getLogger("model.runtime")
+
+RUNTIME_ENV = "TRANSLATE_RUNTIME"  # auto (default): compiled if it builds, else eager; eager; compiled (required)
+BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
+SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
+KERNELS = {0: "linear", 1: "transposed", 2: "int8"}  # csrc/step.cpp's Kernel
+ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
+SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
+CHOICE_REPEATS = 5
+RESCORED_CANDIDATES = 16  # under int8, each row's best logits recomputed from the fp32 output weight
+
+_extension: object | None = None
+_extension_error: str | None = None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what every speed figure is reported against)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_directory() -> Path:
+    default = Path.home() / ".cache" / "attention-translate" / f"runtime-torch{torch.__version__.split('+')[0]}"
+    return Path(os.environ.get(BUILD_DIR_ENV) or default)
+
+
+def build(verbose: bool = False):
+    """Compile (or load from the build directory) the C++ step; raises when it cannot be built."""
+    from torch.utils.cpp_extension import load
+
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load(
+            name="translation_runtime", sources=[str(SOURCE)], build_directory=str(directory),
+            extra_cflags=["-O2"], verbose=verbose,
+        )
+
+
+def compiled_extension():
+    """The compiled step's module, built once per process; None (with the reason logged once) when it cannot be."""
+    global _extension, _extension_error
+    if _extension is not None or _extension_error is not None:
+        return _extension
+    started = time.perf_counter()
+    try:
+        _extension = build()
+    except Exception as error:  # no compiler, no Python headers, no ninja: the eager step still decodes
+        _extension_error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error) else ''}"[:300]
+        logger.warning("decoding runtime: the compiled step could not be built, decoding eagerly (%s)", _extension_error)
+        return None
+    logger.info("decoding runtime: compiled step ready in %.1f s", time.perf_counter() - started)
+    return _extension
+
+
+@dataclass
+class RuntimeInfo:
+    """What decodes and why, as /v1/models and the startup log report it."""
+
+    runtime: str  # "compiled" or "eager"
+    precision: str  # of the decoding step's matmuls: "float32" or "int8" (or the eager model's dtype)
+    reason: str
+    cpu: str = field(default_factory=cpu_model)
+    threads: int = field(default_factory=torch.get_num_threads)
+    kernels: dict[str, str] = field(default_factory=dict)  # matmul -> "small/large" kernel chosen
+    choice_ms: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "runtime": self.runtime, "precision": self.precision, "reason": self.reason, "cpu": self.cpu,
+            "threads": self.threads, "kernels": dict(self.kernels), "choice_ms": round(self.choice_ms, 1),
+        }
+
+
+class EagerStep:
+    """The lecture model's own step (model/transformer.py): the reference, and the fallback."""
+
+    def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
+        self.model = model
+        self.info = RuntimeInfo("eager", precision or _model_precision(model), reason)
+
+    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
+        return self.model.decode_step(last_ids, cache, need_weights)
+
+    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
+        from model.scheduler import decode_rows
+
+        return decode_rows(self.model, last_ids, cache, need_weights)
+
+
+def _model_precision(model) -> str:
+    if getattr(model, "int8", False):
+        return "int8"
+    return str(model.output_weight.dtype).removeprefix("torch.")
+
+
+class CompiledStep:
+    """Every decoder layer and the output projection in one C++ call per step, on copies of the model's weights
+    taken now (fp32, plus per-channel int8 for `precision="int8"`), each matmul on the kernel measured fastest
+    here for few rows and for many."""
+
+    def __init__(self, model, extension, precision: str = "float32", choose: bool = True) -> None:
+        if precision not in ("float32", "int8"):
+            raise ValueError("the compiled step runs float32 or int8")
+        self.model = model
+        config = model.config
+        detached = lambda t: t.detach().float().contiguous()  # noqa: E731
+        int8 = precision == "int8"
+        self._runtime = extension.Runtime(
+            detached(model.decoder_embed_tokens.weight), detached(model.positions), float(model.embed_scale),
+            config.decoder_attention_heads, ACTIVATIONS[config.activation_function],
+            float(model.decoder_layers[0].final_layer_norm.eps),
+        )
+        self.names: list[str] = []
+        for i, layer in enumerate(model.decoder_layers):
+            own, cross, ffn = layer.self_attn, layer.encoder_attn, layer.feed_forward
+            weights = [
+                torch.cat([detached(own.q_proj.weight), detached(own.k_proj.weight), detached(own.v_proj.weight)]),
+                detached(own.out_proj.weight), detached(cross.q_proj.weight), detached(cross.out_proj.weight),
+                detached(ffn.fc1.weight), detached(ffn.fc2.weight),
+            ]
+            biases = [
+                torch.cat([detached(own.q_proj.bias), detached(own.k_proj.bias), detached(own.v_proj.bias)]),
+                detached(own.out_proj.bias), detached(cross.q_proj.bias), detached(cross.out_proj.bias),
+                detached(ffn.fc1.bias), detached(ffn.fc2.bias),
+            ]
+            norms = [
+                detached(p)
+                for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
+                for p in (norm.weight, norm.bias)
+            ]
+            packed = [_prepack(extension, w) for w in weights] if int8 else []
+            self._runtime.add_layer(weights, biases, norms, packed, REDUCE_RANGE)
+            self.names += [f"{i}.{name}" for name in ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")]
+        output = detached(model.output_weight)
+        self._runtime.set_output(
+            output, detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], REDUCE_RANGE,
+            RESCORED_CANDIDATES,
+        )
+        self.names.append("output")
+        self.info = RuntimeInfo("compiled", precision, "")
+        if choose:
+            self.choose(precision)
+        else:
+            self.force("linear")
+
+    def choose(self, precision: str) -> None:
+        """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which)."""
+        allowed = [0, 1, 2] if precision == "int8" else [0, 1]
+        started = time.perf_counter()
+        report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
+        self.info.choice_ms = (time.perf_counter() - started) * 1e3
+        self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
+        self.timings = {name: _timings(row) for name, row in zip(self.names, report, strict=True)}
+        chosen = sorted(set(self.info.kernels.values()))
+        self.info.reason = (
+            f"kernels timed at {SMALL_ROWS} and {LARGE_ROWS} rows on this CPU in {self.info.choice_ms:.0f} ms; "
+            f"chosen (few rows/many rows): {', '.join(chosen)}"
+        )
+
+    def force(self, kernel: str) -> None:
+        """Every matmul on one kernel ("linear", "transposed" or "int8" where the weight has an int8 copy)."""
+        code = {name: code for code, name in KERNELS.items()}[kernel]
+        self._runtime.force(code)
+        self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
+        self.info.reason = f"every matmul on {kernel} (forced)"
+
+    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
+        """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
+        step = cache.length
+        if step >= cache.capacity:
+            raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
+        if step >= self.model.positions.size(0):
+            raise ValueError(f"position {step} exceeds max_position_embeddings={self.model.positions.size(0)}")
+        logits, cross = self._runtime.step(
+            last_ids, step, last_ids, cache.self_key, cache.self_value, step + 1, cache.self_mask,
+            cache.cross_key, cache.cross_value, cache.source_mask, need_weights,
+        )
+        cache.length = step + 1
+        return logits, (cross if need_weights else None)
+
+    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
+        """`model.scheduler.decode_rows` on the compiled step: every row at its own position."""
+        cache.prepare()
+        level = cache.width - 1 if cache.self_mask is None else -1
+        logits, cross = self._runtime.step(
+            last_ids, level, cache.positions, cache.key_buffers, cache.value_buffers, cache.width, cache.self_mask,
+            cache.cross_key, cache.cross_value, cache.source_mask, need_weights,
+        )
+        cache.advance()
+        return logits, (cross if need_weights else None)
+
+
+def _timings(row: list[float]) -> dict:
+    """One matmul's line of Runtime.choose's report as {"small": {kernel: µs}, "large": {...}}."""
+    pairs = row[2:]
+    half = len(pairs) // 2
+    out = {}
+    for label, part in (("small", pairs[:half]), ("large", pairs[half:])):
+        out[label] = {KERNELS[int(part[i])]: round(part[i + 1], 1) for i in range(0, len(part), 2)}
+    return out
+
+
+def _prepack(extension, weight: Tensor):
+    """W (out, in) quantized per output channel (symmetric int8) and prepacked for fbgemm's dynamic linear."""
+    integers, scales = quantize_per_channel(weight)
+    zero_points = torch.zeros(weight.size(0), dtype=torch.long)
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"  # prepacking reads the global engine
+    try:
+        with warnings.catch_warnings():  # torch 2.13 announces the quantized tensor type's deprecation
+            warnings.simplefilter("ignore")
+            quantized = torch._make_per_channel_quantized_tensor(integers, scales.double(), zero_points, 0)
+        return extension.prepack(quantized)
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+def load_step(model, precision: str = "float32"):
+    """What decodes `model`: the compiled step when it builds and suits (CPU, float32 or int8 weights, inference),
+    else the eager step, with RuntimeInfo saying which and why. TRANSLATE_RUNTIME=eager forces the eager step,
+    =compiled makes a failed build an error."""
+    wanted = os.environ.get(RUNTIME_ENV, "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "eager", "compiled"):
+        raise ValueError(f"{RUNTIME_ENV} must be auto, eager or compiled, not {wanted!r}")
+    if wanted == "eager":
+        return EagerStep(model, f"{RUNTIME_ENV}=eager")
+    device = model.final_logits_bias.device
+    if device.type != "cpu":
+        return EagerStep(model, f"the compiled step is measured on CPUs only; {device.type} decodes eagerly")
+    if precision not in ("float32", "int8"):
+        return EagerStep(model, f"the compiled step runs float32 or int8; {precision} decodes eagerly")
+    extension = compiled_extension()
+    if extension is None:
+        if wanted == "compiled":
+            raise RuntimeError(f"{RUNTIME_ENV}=compiled but the compiled step could not be built: {_extension_error}")
+        return EagerStep(model, f"the compiled step could not be built ({_extension_error})")
+    step = CompiledStep(model, extension, precision)
+    logger.info("decoding runtime: compiled %s step on %s, %s", precision, step.info.cpu, step.info.reason)
+    return step
