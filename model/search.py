@@ -33,7 +33,7 @@ from torch import Tensor
 
 from model.options import DecodingOptions
 from model.topk import row_topk
-from model.transformer import Transformer
+from model.transformer import Transformer, additive_mask
 
 NEG_INF = -1.0e9
 CHECK_EVERY_GPU = 8  # decoding steps between reads of which inputs are done, on a GPU
@@ -153,10 +153,9 @@ def beam_search(
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     encoder = model.encode(padded, mask)
     capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
-    decode = model.decode_step if step is None else step.decode_step
     if options.beam_size == 1:
-        return _greedy(model, decode, encoder, lengths, budgets, options, capture)
-    return _beam(model, decode, encoder, lengths, budgets, options, capture)
+        return _greedy(model, step, encoder, lengths, budgets, options, capture)
+    return _beam(model, step, encoder, lengths, budgets, options, capture)
 
 
 @dataclass(frozen=True)
@@ -168,6 +167,16 @@ class _Capture:
     @property
     def wanted(self) -> bool:
         return self.full or self.head is not None
+
+    def codes(self) -> tuple[int, int, int]:
+        """(what, layer, head) as the compiled loops take them: what 0 nothing, 1 everything, 2 one head's rows
+        (head -1: the layer's head average)."""
+        if self.full:
+            return 1, 0, 0
+        if self.head is None:
+            return 0, 0, 0
+        layer, head = self.head
+        return 2, layer, -1 if head is None else head
 
     def keep(self, cross: list[Tensor] | None) -> Tensor | None:
         return _captured(cross, self.full, self.head) if self.wanted else None
@@ -311,9 +320,23 @@ def beam_step(
     return new_state, BeamChoice(beam, token, token_logprob, chosen, done)
 
 
+def _compiled_loop(step, capture: _Capture):
+    """The compiled search loops of `step` (model.runtime.CompiledStep) when it has them and the search reads which
+    rows finished after every step (the CPU's way); else None, and the loop below drives `step.decode_step`."""
+    loops = getattr(step, "loops", None)
+    return loops if loops is not None and capture.check_every == 1 else None
+
+
+def _cross_inputs(model: Transformer, encoder, beams: int) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+    """Cross-attention K/V on each source's `beams` rows and the additive source mask, as `start_cache` makes them."""
+    keys, values = model.cross_key_values(encoder.hidden, beams)
+    mask = additive_mask(encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :], encoder.hidden.dtype)
+    return keys, values, mask
+
+
 def _greedy(
     model: Transformer,
-    decode,
+    step,
     encoder,
     lengths: list[int],
     budgets: list[int],
@@ -330,6 +353,21 @@ def _greedy(
     length_penalty, min_new_tokens = options.length_penalty, options.min_new_tokens
     device = encoder.hidden.device
     batch, width = len(lengths), max(budgets)
+    loops = _compiled_loop(step, capture)
+    if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::greedy)
+        out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
+            *_cross_inputs(model, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
+            config.decoder_start_token_id, *capture.codes(),
+        )
+        attention_rows: list[list[int]] = [[] for _ in range(batch)]
+        offset = 0
+        for active in actives:
+            for row, index in enumerate(active):
+                attention_rows[index].append(offset + row)
+            offset += len(active)
+        return _greedy_hypotheses(out_tokens, out_logprobs, out_length, attention_steps, attention_rows, lengths,
+                                  length_penalty, capture)
+    decode = model.decode_step if step is None else step.decode_step
     cache = model.start_cache(encoder, capacity=width)
     active = list(range(batch))  # input index of each row (host)
     rows_of = torch.arange(batch, device=device)  # the same on the device
@@ -367,7 +405,16 @@ def _greedy(
             cache.reorder(rows)
             last_tokens, alive, rows_of = last_tokens[rows], alive[rows], rows_of[rows]
             active = [active[row] for row in keep]
+    return _greedy_hypotheses(out_tokens, out_logprobs, out_length, attention_steps, attention_rows, lengths,
+                              length_penalty, capture)
 
+
+def _greedy_hypotheses(
+    out_tokens: Tensor, out_logprobs: Tensor, out_length: Tensor, attention_steps: list[Tensor],
+    attention_rows: list[list[int]], lengths: list[int], length_penalty: float, capture: _Capture,
+) -> list[list[Hypothesis]]:
+    """The greedy search's hypotheses from its token and score buffers and the attention rows it kept."""
+    batch = len(lengths)
     attention = torch.cat(attention_steps) if attention_steps else None  # (sum N, L, h, S) or (sum N, S)
     tokens, logprobs, ends, attention = _to_host([out_tokens, out_logprobs, out_length, attention])
     output = []
@@ -391,7 +438,7 @@ def _greedy(
 
 def _beam(
     model: Transformer,
-    decode,
+    step,
     encoder,
     lengths: list[int],
     budgets: list[int],
@@ -409,6 +456,17 @@ def _beam(
     config = model.config
     device = encoder.hidden.device
     batch = len(lengths)
+    ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
+    loops = _compiled_loop(step, capture)
+    if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
+        records, finals = loops.beam(
+            *_cross_inputs(model, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
+            config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
+        )
+        steps = [_Step(*record) for record in records]
+        return _beam_hypotheses(steps, [part for final in finals for part in final], lengths, ref_stride, k,
+                                num_return_sequences, capture)
+    decode = model.decode_step if step is None else step.decode_step
     cache = model.start_cache(encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
 
     active = list(range(batch))  # original index of each active input
@@ -421,7 +479,6 @@ def _beam(
     results: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     steps: list[_Step] = []
     run_source_row = run_token = run_logprob = None
-    ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
     width = max(budgets)
 
     for step in range(width):
@@ -459,6 +516,15 @@ def _beam(
         cache.reorder(new_rows, same_sources=True)
 
     finals = [part for index in range(batch) for part in results[index]]
+    return _beam_hypotheses(steps, finals, lengths, ref_stride, k, num_return_sequences, capture)
+
+
+def _beam_hypotheses(
+    steps: list[_Step], finals: list[Tensor], lengths: list[int], ref_stride: int, k: int, num_return_sequences: int,
+    capture: _Capture,
+) -> list[list[Hypothesis]]:
+    """Each input's best finished hypotheses, rebuilt from the steps' back-pointers."""
+    batch = len(lengths)
     steps, finals = _steps_to_host(steps, finals)
     output: list[list[Hypothesis]] = []
     for index in range(batch):

@@ -163,6 +163,7 @@ class CompiledStep:
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
+        self.loops = self._runtime  # greedy and beam search loops (model.search uses them on the CPU)
         self.info = RuntimeInfo("compiled", precision, "")
         if choose:
             self.choose(precision)

@@ -251,7 +251,272 @@ class Runtime {
     return out.scatter_(-1, candidates, exact + output_.bias.index_select(0, candidates.reshape(-1)).view_as(exact));
   }
 
+  // ---- the search loops (model/search.py's _greedy and _beam on the CPU, line for line) ----------------------
+  // capture: 0 nothing, 1 every layer's and head's cross-attention per step (N, L, h, S), 2 one head's rows (N, S)
+  // (capture_head < 0: the layer's head average).
+  Tensor keep(const std::vector<Tensor>& cross, int64_t capture, int64_t layer, int64_t head) const {
+    if (capture == 1) return at::stack(cross, 1);
+    if (capture == 2) return head < 0 ? cross[layer].mean(1) : cross[layer].select(1, head);
+    return Tensor();
+  }
+
+  // Greedy search over cross K/V (per layer (B, h, S, d_k)) and `source_mask` ((B, 1, 1, S) additive or None):
+  // returns tokens (B, W), their log-probabilities (B, W), lengths (B,), and per step the captured attention and
+  // the inputs its rows belong to.
+  std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<std::vector<int64_t>>> greedy(
+      std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
+      std::vector<int64_t> budgets, int64_t min_new_tokens, int64_t eos, int64_t pad, int64_t start,
+      int64_t capture, int64_t capture_layer, int64_t capture_head) {
+    at::InferenceMode guard;
+    const int64_t batch = budgets.size();
+    const int64_t width = *std::max_element(budgets.begin(), budgets.end());
+    auto longs = cross_key[0].options().dtype(at::kLong);
+    Cache cache = start_cache(cross_key, cross_value, source_mask, width);
+    std::vector<int64_t> active(batch);
+    for (int64_t i = 0; i < batch; ++i) active[i] = i;
+    Tensor rows_of = at::arange(batch, longs);
+    Tensor out_tokens = at::full({batch, width}, pad, longs);
+    Tensor out_logprobs = at::zeros({batch, width}, cross_key[0].options());
+    Tensor out_length = at::full({batch}, width, longs);
+    Tensor alive = at::ones({batch}, longs.dtype(at::kBool));
+    std::vector<Tensor> attention_steps;
+    std::vector<std::vector<int64_t>> actives;
+    Tensor last_tokens = at::full({batch}, start, longs);
+    for (int64_t step = 0; step < width; ++step) {
+      auto [logits, cross] = run_step(last_tokens, step, cache, capture != 0);
+      std::vector<int64_t> ending;
+      for (size_t row = 0; row < active.size(); ++row)
+        if (budgets[active[row]] <= step + 1) ending.push_back(row);
+      Tensor logprobs = next_logprobs(logits, step + 1 < min_new_tokens, ending, eos, pad);
+      auto [best_logprob, best] = logprobs.max(-1);
+      using at::indexing::TensorIndex;
+      out_tokens.index_put_({rows_of, step}, best);
+      out_logprobs.index_put_({rows_of, step}, best_logprob);
+      Tensor ended = alive & best.eq(eos);
+      out_length.index_put_({rows_of}, at::where(ended, at::scalar_tensor(step + 1, longs), out_length.index({rows_of})));
+      alive = alive & ~ended;
+      if (capture != 0) {
+        attention_steps.push_back(keep(cross, capture, capture_layer, capture_head));
+        actives.push_back(active);
+      }
+      last_tokens = best;
+      std::vector<int64_t> kept;
+      auto alive_flags = alive.accessor<bool, 1>();
+      for (int64_t row = 0; row < alive.size(0); ++row)
+        if (alive_flags[row]) kept.push_back(row);
+      if (kept.empty()) break;
+      if (kept.size() < active.size()) {
+        Tensor rows = at::tensor(kept, longs);
+        cache.reorder(rows, false);
+        last_tokens = last_tokens.index_select(0, rows);
+        alive = alive.index_select(0, rows);
+        rows_of = rows_of.index_select(0, rows);
+        std::vector<int64_t> moved;
+        for (int64_t row : kept) moved.push_back(active[row]);
+        active = moved;
+      }
+    }
+    return {out_tokens, out_logprobs, out_length, attention_steps, actives};
+  }
+
+  // Beam search of beam size k over cross K/V already on each source's k rows. Returns, per step, the records
+  // model.search._Step holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
+  // candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
+  std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> beam(
+      std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
+      std::vector<int64_t> budgets, int64_t k, double length_penalty, int64_t min_new_tokens, int64_t eos,
+      int64_t pad, int64_t start, int64_t capture, int64_t capture_layer, int64_t capture_head) {
+    at::InferenceMode guard;
+    const int64_t batch = budgets.size();
+    const int64_t width = *std::max_element(budgets.begin(), budgets.end());
+    auto floats = cross_key[0].options();
+    auto longs = floats.dtype(at::kLong);
+    Cache cache = start_cache(cross_key, cross_value, source_mask, width);
+    std::vector<int64_t> active(batch);
+    for (int64_t i = 0; i < batch; ++i) active[i] = i;
+    Tensor budget = at::tensor(budgets, longs);
+    Tensor running = at::full({batch, k}, kNegInf, floats);
+    running.select(1, 0).fill_(0.0);
+    Tensor finished = at::full({batch, k}, kNegInf, floats);
+    Tensor finished_done = at::zeros({batch, k}, floats.dtype(at::kBool));
+    Tensor finished_ref = at::full({batch, k}, -1, longs);
+    Tensor improvable = at::ones({batch}, floats.dtype(at::kBool));
+    Tensor last_tokens = at::full({batch * k}, start, longs);
+    Tensor frozen = at::zeros({batch}, floats.dtype(at::kBool));
+    Tensor candidate_offsets = at::arange(2 * k, longs);
+    Tensor first_k = candidate_offsets.lt(k);
+    std::vector<std::vector<Tensor>> results(batch);
+    std::vector<std::vector<Tensor>> steps;
+    Tensor run_source_row, run_token, run_logprob;
+    const int64_t ref_stride = 2 * k * batch;
+    for (int64_t step = 0; step < width; ++step) {
+      const int64_t items = active.size();
+      auto [logits, cross] = run_step(last_tokens, step, cache, capture != 0);
+      std::vector<int64_t> ending;
+      for (int64_t a = 0; a < items; ++a)
+        if (budgets[active[a]] <= step + 1)
+          for (int64_t b = 0; b < k; ++b) ending.push_back(a * k + b);
+      Tensor logprobs = next_logprobs(logits, step + 1 < min_new_tokens, ending, eos, pad);
+      Tensor item_rows = at::arange(items, longs).unsqueeze(1);
+      Tensor refs = item_rows * (2 * k) + candidate_offsets + step * ref_stride;
+      const double divisor = std::pow(static_cast<double>(step + 1), length_penalty);
+      Tensor ending_items = budget.le(step + 1);
+
+      // model.search.beam_step
+      auto [row_logprob, row_token] = row_topk(logprobs, 2 * k);  // (G·k, 2k)
+      Tensor total = (row_logprob.view({items, k, 2 * k}) + running.unsqueeze(2)).view({items, 2 * k * k});
+      auto [top_scores, pick] = at::topk(total, 2 * k, 1);
+      Tensor beam_of = at::div(pick, 2 * k, "floor");
+      Tensor token = row_token.view({items, 2 * k * k}).gather(1, pick);
+      Tensor token_logprob = row_logprob.view({items, 2 * k * k}).gather(1, pick);
+      Tensor hits = token.eq(eos) | ending_items.unsqueeze(1);
+      auto [next_scores, chosen] = at::topk(top_scores + hits.to(at::kFloat) * kNegInf, k, 1);
+      Tensor taking = hits & first_k & frozen.logical_not().unsqueeze(1);
+      Tensor eligible = taking & (improvable & finished_done.all(1).logical_not()).unsqueeze(1);
+      Tensor candidate = at::where(eligible, top_scores / divisor, top_scores + 2 * kNegInf);
+      Tensor merged_scores = at::cat({finished, candidate}, 1);
+      Tensor merged_done = at::cat({finished_done, taking}, 1);
+      Tensor merged_ref = at::cat({finished_ref, refs}, 1);
+      auto [new_finished, keep_slots] = at::topk(merged_scores, k, 1);
+      finished = new_finished;
+      finished_done = merged_done.gather(1, keep_slots);
+      finished_ref = merged_ref.gather(1, keep_slots);
+      Tensor best_possible = next_scores.narrow(1, 0, 1) / divisor;
+      Tensor worst_finished = at::where(finished_done, std::get<0>(finished.min(1, true)), at::scalar_tensor(kNegInf, floats));
+      improvable = improvable & best_possible.gt(worst_finished).any(1);
+      Tensor done = improvable.logical_not() | finished_done.all(1) | hits.all(1) | frozen;
+      running = next_scores;
+      frozen = done;
+
+      Tensor row = item_rows * k + beam_of;  // (A, 2k)
+      steps.push_back({run_source_row, run_token, run_logprob, row, token, token_logprob,
+                       keep(cross, capture, capture_layer, capture_head)});
+      Tensor new_rows = row.gather(1, chosen);
+      last_tokens = token.gather(1, chosen);
+      Tensor new_logprobs = token_logprob.gather(1, chosen);
+      auto done_flags = frozen.accessor<bool, 1>();
+      std::vector<int64_t> kept;
+      for (int64_t a = 0; a < items; ++a) {
+        if (done_flags[a]) {
+          results[active[a]] = {finished[a], finished_done[a], finished_ref[a]};
+        } else {
+          kept.push_back(a);
+        }
+      }
+      if (kept.empty()) break;
+      if (static_cast<int64_t>(kept.size()) < items) {
+        Tensor keep_items = at::tensor(kept, longs);
+        new_rows = new_rows.index_select(0, keep_items);
+        last_tokens = last_tokens.index_select(0, keep_items);
+        new_logprobs = new_logprobs.index_select(0, keep_items);
+        running = running.index_select(0, keep_items);
+        finished = finished.index_select(0, keep_items);
+        finished_done = finished_done.index_select(0, keep_items);
+        finished_ref = finished_ref.index_select(0, keep_items);
+        improvable = improvable.index_select(0, keep_items);
+        budget = budget.index_select(0, keep_items);
+        frozen = frozen.index_select(0, keep_items);
+        std::vector<int64_t> moved;
+        for (int64_t a : kept) moved.push_back(active[a]);
+        active = moved;
+      }
+      new_rows = new_rows.reshape(-1);
+      last_tokens = last_tokens.reshape(-1);
+      run_source_row = new_rows;
+      run_token = last_tokens;
+      run_logprob = new_logprobs.reshape(-1);
+      cache.reorder(new_rows, true);
+    }
+    return {steps, results};
+  }
+
  private:
+  static constexpr double kNegInf = -1.0e9;
+
+  // The static search's cache (model.transformer.DecoderCache): self-attention K/V preallocated per layer
+  // (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
+  struct Cache {
+    std::vector<Tensor> self_key, self_value, spare_key, spare_value, cross_key, cross_value;
+    Tensor source_mask;
+    int64_t length = 0;
+
+    void reorder(const Tensor& index, bool same_sources) {
+      const int64_t rows = index.numel();
+      for (auto* pair : {&self_key, &self_value}) {
+        auto& spares = pair == &self_key ? spare_key : spare_value;
+        for (size_t i = 0; i < pair->size(); ++i) {
+          Tensor out = spares[i].narrow(0, 0, rows).narrow(2, 0, length);
+          at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, index);
+          std::swap((*pair)[i], spares[i]);
+        }
+      }
+      if (same_sources && rows == cross_key[0].size(0)) return;
+      for (auto& t : cross_key) t = t.index_select(0, index);
+      for (auto& t : cross_value) t = t.index_select(0, index);
+      if (source_mask.defined()) source_mask = source_mask.index_select(0, index);
+    }
+  };
+
+  Cache start_cache(const std::vector<Tensor>& cross_key, const std::vector<Tensor>& cross_value,
+                    const c10::optional<Tensor>& source_mask, int64_t capacity) const {
+    Cache cache;
+    const int64_t rows = cross_key[0].size(0), d_k = cross_key[0].size(3);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      for (auto* list : {&cache.self_key, &cache.self_value, &cache.spare_key, &cache.spare_value})
+        list->push_back(at::empty({rows, heads_, capacity, d_k}, cross_key[0].options()));
+    }
+    cache.cross_key = cross_key;
+    cache.cross_value = cross_value;
+    if (source_mask.has_value()) cache.source_mask = *source_mask;
+    return cache;
+  }
+
+  std::pair<Tensor, std::vector<Tensor>> run_step(const Tensor& ids, int64_t position, Cache& cache,
+                                                  bool need_weights) {
+    auto out = step(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
+                    cache.cross_key, cache.cross_value,
+                    cache.source_mask.defined() ? c10::optional<Tensor>(cache.source_mask) : c10::nullopt,
+                    need_weights);
+    cache.length = position + 1;
+    return out;
+  }
+
+  // model.search._next_logprobs: log-softmax, pad banned, eos banned before min_new_tokens, rows at their
+  // budget forced to eos.
+  static Tensor next_logprobs(const Tensor& logits, bool banned, const std::vector<int64_t>& ending, int64_t eos,
+                              int64_t pad) {
+    Tensor logprobs = at::log_softmax(logits.to(at::kFloat), -1);
+    const double inf = std::numeric_limits<double>::infinity();
+    logprobs.select(1, pad).fill_(-inf);
+    if (banned) logprobs.select(1, eos).fill_(-inf);
+    if (!ending.empty()) {
+      if (static_cast<int64_t>(ending.size()) == logprobs.size(0)) {
+        logprobs.fill_(-inf);
+        logprobs.select(1, eos).fill_(0.0);
+      } else {
+        Tensor rows = at::tensor(ending, logits.options().dtype(at::kLong));
+        logprobs.index_fill_(0, rows, -inf);
+        logprobs.index_put_({rows, eos}, at::scalar_tensor(0.0, logprobs.options()));
+      }
+    }
+    return logprobs;
+  }
+
+  // model.topk.row_topk: the m largest of each wide row by way of chunk maxima (16 rows and more).
+  static std::tuple<Tensor, Tensor> row_topk(const Tensor& scores, int64_t m) {
+    constexpr int64_t chunk = 64, min_rows = 16;
+    const int64_t rows = scores.size(0), width = scores.size(1), chunks = width / chunk;
+    if (rows < min_rows || chunks <= m || !scores.is_contiguous()) return at::topk(scores, m, 1);
+    Tensor whole = scores.as_strided({rows, chunks, chunk}, {width, chunk, 1});
+    Tensor best_chunks = std::get<1>(whole.amax(2).topk(m, 1));
+    const int64_t picked_width = m * chunk, tail_start = chunks * chunk;
+    Tensor picked = whole.index({at::arange(rows, best_chunks.options()).unsqueeze(1), best_chunks}).view({rows, picked_width});
+    auto [values, index] = at::cat({picked, scores.narrow(1, tail_start, width - tail_start)}, 1).topk(m, 1);
+    Tensor in_chunks = best_chunks.gather(1, at::div(index, chunk, "floor").clamp_max_(m - 1)) * chunk + index.remainder(chunk);
+    Tensor column = at::where(index.lt(picked_width), in_chunks, index - picked_width + tail_start);
+    return {values, column};
+  }
+
   Tensor embed_, positions_;
   double embed_scale_;
   int64_t heads_, activation_;
@@ -281,5 +546,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("choose", &Runtime::choose)
       .def("force", &Runtime::force)
       .def("kernels", &Runtime::kernels)
-      .def("step", &Runtime::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("step", &Runtime::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("greedy", &Runtime::greedy, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("beam", &Runtime::beam, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
