@@ -2,17 +2,6 @@
 
     python -m bench.fast_modes                          # both shipped models, whole dev set for fidelity
     python -m bench.fast_modes --models en-zh --limit 200 --speed-texts 16 --rounds 2    # a quick look
-
-Speed: texts/s at beam 4 (`--beam-size`) in batches of 1 and of 16, one thread (`--threads`), on the
-first dev sentences; every engine decodes the same texts, the engines taking turns within each of
-`--rounds` rounds, so that other work on the machine slows them alike. Reported per engine: texts/s
-of its best round (wall clock) and CPU ms per text (process CPU time, median round: steadier on a shared
-machine), and the ratios to CTranslate2 int8 and to our fp32 from the same run.
-
-Fidelity: every engine translates the first `--limit` dev sentences (batches of 16, by length) at the same
-beam size; the share of translations identical to our fp32's, and BLEU against the references (sacrebleu,
-zh tokenization for Chinese output). CTranslate2 converts the same Marian directory (its TransformersConverter;
-its int8 also compared with its own fp32). Writes bench/results/fast-modes-cpu.json.
 """
 
 from __future__ import annotations
@@ -28,22 +17,24 @@ from pathlib import Path
 
 import torch
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from bench.engine import convert_ctranslate2
+from bench.fidelity import DEFAULT_DEV, DIRECTIONS
+from model.runtime import EagerStep
+from model.runtime.step import cpu_model
+from model.translator import Translator, resolve_model_path
 
-from bench.engine import convert_ctranslate2  # noqa: E402
-from bench.fidelity import DEFAULT_DEV, DIRECTIONS  # noqa: E402
-from model.translator import Translator, resolve_model_path  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.fast_modes")
 
 # label → how to build it: ours with a dtype (and int8 options), or CTranslate2 with a compute type
 ENGINES = {
-    "fp32": ("ours", {"dtype": "float32"}),
-    "bf16": ("ours", {"dtype": "bfloat16"}),
+    "fp32": ("ours", {"dtype": "float32"}),  # the decoding runtime (compiled where it builds)
     "int8": ("ours", {"dtype": "int8"}),
-    "int8 per-call": ("ours", {"dtype": "int8", "per_row": False}),
+    "eager fp32": ("ours", {"dtype": "float32", "eager": True}),  # the lecture model's own step
+    "eager int8": ("ours", {"dtype": "int8", "eager": True}),
+    "bf16": ("ours", {"dtype": "bfloat16"}),
+    "int8 per-call": ("ours", {"dtype": "int8", "per_row": False, "eager": True}),
     "ct2 int8": ("ct2", {"compute_type": "int8"}),
     "ct2 fp32": ("ct2", {"compute_type": "float32"}),
 }
@@ -51,8 +42,10 @@ BATCH_SIZES = (1, 16)
 
 
 class Ours:
-    def __init__(self, name: str, dtype: str, per_row: bool = True) -> None:
+    def __init__(self, name: str, dtype: str, per_row: bool = True, eager: bool = False) -> None:
         self.translator = Translator.from_pretrained(name, device="cpu", dtype=dtype)
+        if eager:
+            self.translator.step = EagerStep(self.translator.model)
         if not per_row:  # the int8 variant with one activation scale per matmul call
             self.translator.model.quantize_int8(per_row=False)
 
@@ -123,7 +116,7 @@ def speed_ratios(speed: dict) -> dict:
     ratios = {}
     for label, by_size in speed.items():
         for setting, figure in by_size.items():
-            for reference in ("ct2 int8", "fp32"):
+            for reference in ("ct2 int8", "ct2 fp32", "eager fp32"):
                 if reference in speed and reference != label:
                     other = speed[reference][setting]
                     ratios.setdefault(label, {})[f"{setting} texts/s vs {reference}"] = round(
@@ -199,7 +192,7 @@ def print_tables(report: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=sorted(DIRECTIONS), help="shipped model names")
-    parser.add_argument("--engines", nargs="+", default=["fp32", "bf16", "int8", "ct2 int8", "ct2 fp32"],
+    parser.add_argument("--engines", nargs="+", default=["eager fp32", "fp32", "int8", "ct2 fp32", "ct2 int8"],
                         choices=list(ENGINES))
     parser.add_argument("--speed-models", nargs="+", default=["en-zh"], help="models whose speed is measured")
     parser.add_argument("--dev", default=str(DEFAULT_DEV))
@@ -219,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
     report = {
         "command": " ".join(["python -m bench.fast_modes", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"processor": platform.processor() or platform.machine(),
+        "machine": {"cpu": cpu_model(), "processor": platform.processor() or platform.machine(),
                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "versions": {"torch": torch.__version__},
         "beam_size": args.beam_size, "threads": args.threads, "speed_texts": args.speed_texts,
@@ -251,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.beam_size,
             )
         report["models"][name] = {"speed": speed, "ratios": speed_ratios(speed), "fidelity": fidelity}
+    print(f"CPU: {report['machine']['cpu']}, {args.threads} thread(s)")
     print_tables(report)
     output = Path(args.output or REPOSITORY / "bench" / "results" / "fast-modes-cpu.json")
     output.parent.mkdir(parents=True, exist_ok=True)

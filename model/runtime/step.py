@@ -22,7 +22,7 @@ logger = logging.getLogger("model.runtime")
 RUNTIME_ENV = "TRANSLATE_RUNTIME"  # auto (default): compiled if it builds, else eager; eager; compiled (required)
 BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
 SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
-KERNELS = {0: "linear", 1: "transposed", 2: "int8"}  # csrc/step.cpp's Kernel
+KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn"}  # csrc/step.cpp's Kernel
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 5
@@ -172,7 +172,7 @@ class CompiledStep:
 
     def choose(self, precision: str) -> None:
         """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which)."""
-        allowed = [0, 1, 2] if precision == "int8" else [0, 1]
+        allowed = [0, 1, 3, 2] if precision == "int8" else [0, 1, 3]
         started = time.perf_counter()
         report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
         self.info.choice_ms = (time.perf_counter() - started) * 1e3

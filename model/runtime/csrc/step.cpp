@@ -18,13 +18,30 @@ using at::Tensor;
 using Packed = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 // How one matmul multiplies: the candidates the runtime times on the real weights when a model loads.
-enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2 };
+enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2, kOneDnn = 3 };
+
+// oneDNN's fp32 linear on a weight it laid out once (its blocked format), through the dispatcher.
+Tensor onednn_reorder(const Tensor& weight) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_reorder_linear_weight", "");
+  torch::jit::Stack stack{weight, c10::IValue()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+Tensor onednn_linear(const Tensor& x, const Tensor& packed, const Tensor& bias) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, packed, bias.defined() ? c10::IValue(bias) : c10::IValue(), std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(), c10::IValue(std::string(""))};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
 
 const char* kernel_name(int64_t kernel) {
   switch (kernel) {
     case kLinear: return "linear";
     case kTransposed: return "transposed";
     case kInt8: return "int8";
+    case kOneDnn: return "onednn";
   }
   return "?";
 }
@@ -32,6 +49,7 @@ const char* kernel_name(int64_t kernel) {
 struct Linear {
   Tensor weight;      // (out, in): at::linear
   Tensor transposed;  // (in, out) contiguous: at::addmm, made when a kernel needs it
+  Tensor onednn;      // oneDNN's blocked copy, made when a kernel needs it
   Tensor bias;        // (out,) or undefined
   Packed int8;        // per-channel int8 weight prepacked by fbgemm (no bias: added after the per-row scale)
   bool reduce_range = false;
@@ -43,6 +61,8 @@ struct Linear {
     switch (kernel) {
       case kTransposed:
         return bias.defined() ? at::addmm(bias, x, transposed) : at::mm(x, transposed);
+      case kOneDnn:
+        return onednn_linear(x, onednn, bias);
       case kInt8: {
         // Each row divided by its largest magnitude before fbgemm quantizes the call's activations to 8 bits:
         // a row's quantization step is then a fraction of its own range whatever else shares the batch.
@@ -146,6 +166,10 @@ class Runtime {
       for (int64_t kernel : allowed) {
         if (kernel == kInt8 && !p->int8) continue;
         if (kernel == kTransposed && !p->transposed.defined()) p->transposed = p->weight.t().contiguous();
+        if (kernel == kOneDnn) {
+          if (!at::hasMKLDNN() || !p->weight.is_cpu()) continue;
+          if (!p->onednn.defined()) p->onednn = onednn_reorder(p->weight);
+        }
         candidates.push_back(kernel);
       }
       std::vector<double> row{0, 0};
@@ -172,6 +196,7 @@ class Runtime {
       p->rows_cut = small_rows + (large_rows - small_rows) / 2;
       bool keeps_transposed = p->small == kTransposed || p->large == kTransposed;
       if (!keeps_transposed) p->transposed = Tensor();  // no second copy of a weight nothing multiplies by
+      if (p->small != kOneDnn && p->large != kOneDnn) p->onednn = Tensor();
       report.push_back(row);
     }
     return report;
@@ -182,6 +207,7 @@ class Runtime {
     for (Linear* p : matmuls()) {
       int64_t k = (kernel == kInt8 && !p->int8) ? kLinear : kernel;
       if (k == kTransposed && !p->transposed.defined()) p->transposed = p->weight.t().contiguous();
+      if (k == kOneDnn && !p->onednn.defined()) p->onednn = onednn_reorder(p->weight);
       p->small = p->large = k;
     }
   }

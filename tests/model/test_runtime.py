@@ -1,0 +1,208 @@
+"""The compiled decoding runtime (model/runtime) against the lecture model's eager step, its reference.
+
+Random Marian-shaped models of several shapes decode the same ids through both, greedy and beam, n-best, length
+penalties, minimum and maximum lengths, static batches and the continuous scheduler's ragged rows; scores and
+attention agree to float32 rounding (1e-5: the two run the same operations, the matmuls on kernels that may sum in
+another order). The eager step is itself checked against transformers in test_transformers_parity.py, which runs
+through the compiled step too (Translator decodes with it by default).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.options import DecodingOptions
+from model.runtime import RUNTIME_ENV, CompiledStep, EagerStep, compiled_extension, load_step
+from model.runtime.step import KERNELS
+from model.scheduler import Scheduler
+from model.search import beam_search
+from model.transformer import Transformer
+
+ROOT = Path(__file__).resolve().parents[2]
+EOS = 0
+SHAPES = {
+    "tiny": dict(d_model=32, decoder_layers=2, heads=4, ffn=64, vocab=50, activation="swish"),
+    "relu-odd": dict(d_model=48, decoder_layers=3, heads=6, ffn=80, vocab=97, activation="relu"),
+    "gelu-wide": dict(d_model=64, decoder_layers=1, heads=2, ffn=256, vocab=300, activation="gelu"),
+}
+
+pytestmark = pytest.mark.skipif(os.environ.get(RUNTIME_ENV) == "eager", reason="the eager run checks the fallback")
+
+
+@pytest.fixture(scope="module")
+def extension():
+    built = compiled_extension()
+    assert built is not None, "the compiled step did not build here (see the log line); CI builds it"
+    return built
+
+
+def random_model(shape: str, seed: int = 0) -> Transformer:
+    s = SHAPES[shape]
+    pad = s["vocab"] - 1
+    config = ModelConfig(
+        vocab_size=s["vocab"], d_model=s["d_model"], encoder_layers=2, decoder_layers=s["decoder_layers"],
+        encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
+        decoder_ffn_dim=s["ffn"], activation_function=s["activation"], max_position_embeddings=64,
+        pad_token_id=pad, eos_token_id=EOS, decoder_start_token_id=pad, dropout=0.0,
+    )
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:
+                parameter.copy_((1.0 if name.endswith("weight") else 0.0) + 0.3 * torch.randn(parameter.shape))
+            else:
+                parameter.normal_(0.0, 0.3)
+        model.final_logits_bias.normal_(0.0, 0.5)
+        model.final_logits_bias[EOS] = 1.5  # hypotheses end at varied lengths, not only at the budget
+    return model.eval()
+
+
+def random_sources(rng: random.Random, model: Transformer, count: int) -> list[list[int]]:
+    pad = model.config.pad_token_id
+    return [[rng.randrange(1, pad) for _ in range(rng.randint(1, 14))] + [EOS] for _ in range(count)]
+
+
+def assert_same(got, expected, context) -> None:
+    assert len(got) == len(expected), context
+    for hypothesis, reference in zip(got, expected, strict=True):
+        assert hypothesis.token_ids == reference.token_ids, context
+        # a score sums up to a hundred log-probabilities, each exact to 1e-5: their sum to 1e-5 relative
+        assert hypothesis.score == pytest.approx(reference.score, rel=1e-6, abs=1e-5), context
+        assert hypothesis.token_logprobs == pytest.approx(reference.token_logprobs, abs=1e-5), context
+        for name in ("cross_attention", "alignment_attention"):
+            theirs = getattr(reference, name)
+            if theirs is not None:
+                torch.testing.assert_close(getattr(hypothesis, name), theirs, atol=1e-5, rtol=0)
+
+
+OPTIONS = [
+    DecodingOptions(beam_size=1),
+    DecodingOptions(beam_size=1, min_new_tokens=4, max_new_tokens=9),
+    DecodingOptions(beam_size=4),
+    DecodingOptions(beam_size=4, n_best=3, length_penalty=0.6),
+    DecodingOptions(beam_size=3, n_best=2, length_penalty=1.4, min_new_tokens=3, max_new_tokens=11),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: f"k{o.beam_size}-n{o.n_best}-lp{o.length_penalty}")
+def test_the_compiled_step_decodes_the_references_ids_scores_and_attention(extension, shape, options):
+    model = random_model(shape)
+    sources = random_sources(random.Random(1), model, 7)
+    compiled = CompiledStep(model, extension, "float32")
+    for attention in ({"return_attention": True}, {"alignment_head": (0, 1)}, {"alignment_head": (0, None)}):
+        expected = beam_search(model, sources, options, **attention)  # the model's own step
+        got = beam_search(model, sources, options, step=compiled, **attention)
+        for index, (hypotheses, reference) in enumerate(zip(got, expected, strict=True)):
+            assert_same(hypotheses, reference, (shape, options, attention, index))
+
+
+@pytest.mark.parametrize("kernel", ["linear", "transposed", "onednn"])
+def test_every_fp32_kernel_gives_the_references_numbers(extension, kernel):
+    model = random_model("relu-odd", seed=3)
+    sources = random_sources(random.Random(3), model, 5)
+    compiled = CompiledStep(model, extension, "float32", choose=False)
+    compiled.force(kernel)
+    assert set(compiled.info.kernels.values()) == {f"{kernel}/{kernel}"}
+    options = DecodingOptions(beam_size=4, n_best=2)
+    expected = beam_search(model, sources, options, return_attention=True)
+    got = beam_search(model, sources, options, return_attention=True, step=compiled)
+    for hypotheses, reference in zip(got, expected, strict=True):
+        assert_same(hypotheses, reference, kernel)
+
+
+def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
+    model = random_model("gelu-wide")
+    compiled = CompiledStep(model, extension, "int8")
+    assert set(compiled.timings) == set(compiled.info.kernels) and len(compiled.names) == 6 * 1 + 1
+    for name, chosen in compiled.info.kernels.items():
+        small, large = chosen.split("/")
+        for label, kernel in (("small", small), ("large", large)):
+            timed = compiled.timings[name][label]
+            assert set(timed) <= set(KERNELS.values()) and "int8" in timed
+            assert timed[kernel] == min(timed.values()), (name, label, timed)
+    info = compiled.info.as_dict()
+    assert info["runtime"] == "compiled" and info["precision"] == "int8" and info["cpu"]
+    assert "timed at 4 and 64 rows" in info["reason"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ragged_rows_of_the_continuous_scheduler_decode_as_if_alone(extension, seed):
+    """Requests joining and leaving a running decode (rows at different positions) through the compiled step
+    equal each request decoded alone by the reference."""
+    rng = random.Random(seed)
+    model = random_model("tiny", seed)
+    compiled = CompiledStep(model, extension, "float32")
+    scheduler = Scheduler(model, max_rows=rng.choice([6, 12, 64]), step=compiled)
+    requests = []
+    for _ in range(10):
+        beam = rng.choice((1, 1, 2, 4))
+        options = DecodingOptions(beam_size=beam, n_best=rng.randint(1, beam), length_penalty=rng.choice([1.0, 0.6]),
+                                  min_new_tokens=rng.choice([0, 3]), max_new_tokens=rng.choice([None, 8]))
+        requests.append((rng.randint(0, 10), random_sources(rng, model, 1)[0], options))
+    alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
+    pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    submitted, step = {}, 0
+    while pending or not scheduler.idle:
+        while pending and requests[pending[0]][0] <= step:
+            index = pending.pop(0)
+            submitted[index] = scheduler.submit(requests[index][1], requests[index][2], return_attention=True)
+        scheduler.step()
+        step += 1
+        assert step < 2_000
+    for index, request in submitted.items():
+        assert_same(request.hypotheses, alone[index], (seed, index))
+
+
+def test_a_translator_decodes_with_the_compiled_step_by_default(extension):
+    from model import Translator
+    from model.tokenizer import MarianTokenizer
+    from model.translator import resolve_model_path
+
+    directory = resolve_model_path("en-zh")
+    translator = Translator.from_pretrained(directory, device="cpu")
+    assert isinstance(translator.step, CompiledStep)
+    info = translator.runtime_info
+    assert info["runtime"] == "compiled" and info["precision"] == "float32" and info["threads"] >= 1
+    reference = Translator(translator.model, MarianTokenizer.from_directory(directory), step=EagerStep(translator.model))
+    texts = ["I will call you later.", "They work together.", "Where is the station?"]
+    assert [t.text for t in translator.translate(texts)] == [t.text for t in reference.translate(texts)]
+
+
+def test_eager_when_asked(monkeypatch):
+    monkeypatch.setenv(RUNTIME_ENV, "eager")
+    step = load_step(random_model("tiny"), "float32")
+    assert isinstance(step, EagerStep) and step.info.runtime == "eager" and RUNTIME_ENV in step.info.reason
+
+
+def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
+    """A machine with no C++ compiler: the build fails, one warning names why, and decoding goes on eagerly."""
+    script = (
+        "import logging, random; logging.basicConfig(level=logging.WARNING)\n"
+        "from model.runtime import load_step\n"
+        "from tests.model.test_runtime import random_model\n"
+        "from model.search import beam_search\n"
+        "model = random_model('tiny'); step = load_step(model, 'float32')\n"
+        "print('RUNTIME', step.info.runtime, '|', step.info.reason)\n"
+        "print('IDS', beam_search(model, [[3, 4, 0]], step=step)[0][0].token_ids)\n"
+        "print('REFERENCE', beam_search(model, [[3, 4, 0]])[0][0].token_ids)\n"
+    )
+    env = {**os.environ, "CXX": "/bin/false", "TRANSLATE_RUNTIME_BUILD_DIR": str(tmp_path / "build")}
+    env.pop(RUNTIME_ENV, None)
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["RUNTIME"].startswith("eager | the compiled step could not be built")
+    assert lines["IDS"] == lines["REFERENCE"]
+    warnings = [line for line in result.stderr.splitlines() if "decoding runtime" in line]
+    assert len(warnings) == 1 and "decoding eagerly" in warnings[0]
