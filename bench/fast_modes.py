@@ -32,9 +32,7 @@ ENGINES = {
     "fp32": ("ours", {"dtype": "float32"}),  # the decoding runtime (compiled where it builds)
     "int8": ("ours", {"dtype": "int8"}),
     "eager fp32": ("ours", {"dtype": "float32", "eager": True}),  # the lecture model's own step
-    "eager int8": ("ours", {"dtype": "int8", "eager": True}),
     "bf16": ("ours", {"dtype": "bfloat16"}),
-    "int8 per-call": ("ours", {"dtype": "int8", "per_row": False, "eager": True}),
     "ct2 int8": ("ct2", {"compute_type": "int8"}),
     "ct2 fp32": ("ct2", {"compute_type": "float32"}),
 }
@@ -42,12 +40,10 @@ BATCH_SIZES = (1, 16)
 
 
 class Ours:
-    def __init__(self, name: str, dtype: str, per_row: bool = True, eager: bool = False) -> None:
+    def __init__(self, name: str, dtype: str, eager: bool = False) -> None:
         self.translator = Translator.from_pretrained(name, device="cpu", dtype=dtype)
         if eager:
             self.translator.step = EagerStep(self.translator.model)
-        if not per_row:  # the int8 variant with one activation scale per matmul call
-            self.translator.model.quantize_int8(per_row=False)
 
     def translate(self, source_ids: list[list[int]], beam_size: int) -> list[list[int]]:
         return [nbest[0].token_ids for nbest in self.translator.generate(source_ids, beam_size=beam_size)]

@@ -28,7 +28,7 @@ from torch import Tensor
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
 from model.search import BeamState, Hypothesis, _backtrack, _captured, _next_logprobs, _Step, beam_step, length_budget
-from model.transformer import StepWeights, Transformer
+from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
 # called for greedy requests after every step (streaming); beams are only known at the end.
@@ -96,7 +96,6 @@ class RaggedCache:
         self._spare: dict[str, list[Tensor]] = {}
         self._source_mask: Tensor | None = None  # (R, 1, 1, S_cap) additive
         self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.step_weights: list[StepWeights] | None = None  # Transformer.step_weights, taken at each join
         self.clear()
 
     def clear(self) -> None:
@@ -182,7 +181,6 @@ class RaggedCache:
         hidden = torch.zeros_like(source_mask, dtype=self._source_mask.dtype).masked_fill_(~source_mask, lowest)
         self._source_mask[new, 0, 0, :source] = hidden
         self._positions[new] = 0
-        self.step_weights = self.model.step_weights()  # the weights as they are when rows join
         self._rows += added
         self._lengths.extend(lengths)
         self._views()

@@ -19,9 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model import kernels
 from model.config import ModelConfig
-from model.kernels import INT8_ENGINES, PackedWeight, linear, runs_int8
 from model.topk import row_topk
 
 _ACTIVATIONS = {
@@ -80,14 +78,18 @@ RESCORED_CANDIDATES = 16  # per row, recomputed in fp32 under bf16 weights: the 
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters, same names) that uses a prepacked weight in CPU inference."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, bias)
-        self.packed = PackedWeight()
+    """nn.Linear (same parameters, same names) whose weights may be stored in a lower precision than the
+    activations (Transformer.cast_weights): the matmul runs in the weights' dtype, the result in x's."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x Wᵀ + b, in W's dtype when it differs from x's (bf16 weights around fp32 activations), back in x's."""
+    if x.dtype == weight.dtype or torch.is_autocast_enabled(x.device.type):
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -102,8 +104,6 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = Linear(d_model, d_model)
         self.out_proj = Linear(d_model, d_model)
         self.dropout = dropout
-        self._fused: tuple[tuple, Tensor, Tensor] | None = None
-        self._fused_packed = PackedWeight()
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
@@ -112,29 +112,6 @@ class MultiHeadAttention(nn.Module):
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """K and V for every position of x (B, S, d_model) → two (B, h, S, d_k)."""
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
-
-    def fused_query_key_value_projection(self) -> tuple[Tensor, Tensor]:
-        """[W_q; W_k; W_v] (3·d_model, d_model) and its bias: one matmul instead of three per decoding step.
-
-        Built on first use and rebuilt whenever a projection's storage or version changes
-        (a dtype/device move, an in-place update), so it never goes stale. Inference only.
-        """
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        stamp = tuple((p.weight.data_ptr(), p.weight._version, p.bias.data_ptr(), p.bias._version) for p in parts)
-        if self._fused is None or self._fused[0] != stamp:
-            weight = torch.cat([p.weight.detach() for p in parts])
-            bias = torch.cat([p.bias.detach() for p in parts])
-            self._fused = (stamp, weight, bias)
-        return self._fused[1], self._fused[2]
-
-    def project_query_key_value(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K and V of x (B, T, d_model) from one fused matmul → three (B, h, T, d_k)."""
-        batch, length, _ = x.shape
-        weight, bias = self.fused_query_key_value_projection()
-        qkv = linear(x, weight, bias, self._fused_packed)  # (B, T, 3·d_model)
-        qkv = qkv.view(batch, length, 3, self.heads, self.d_k)  # (B, T, 3, h, d_k)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, h, T, d_k)
-        return query, key, value
 
     def attend_one(
         self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, need_weights: bool
@@ -147,8 +124,7 @@ class MultiHeadAttention(nn.Module):
         round trips, then `out_proj`. Returns (N, 1, d_model) and the weights (N, h, 1, t).
         """
         context, weights = self.context_one(query, key, value, mask, need_weights)
-        out = self.out_proj
-        return linear(context.view(context.size(0), 1, -1), out.weight, out.bias, out.packed), weights
+        return self.out_proj(context.view(context.size(0), 1, -1)), weights
 
     @staticmethod
     def context_one(
@@ -263,7 +239,6 @@ class DecoderCache:
     spare_key: list[Tensor] = field(default_factory=list)
     spare_value: list[Tensor] = field(default_factory=list)
     self_mask: Tensor | None = None  # every row is at position `length`: nothing to hide
-    step_weights: list[StepWeights] | None = None  # Transformer.step_weights when the cache started
 
     @property
     def rows(self) -> int:
@@ -333,87 +308,27 @@ class DecoderLayer(nn.Module):
         x = self.final_layer_norm(x + F.dropout(self.feed_forward(x), self.dropout, self.training))
         return x, cross_weights
 
-    def step_weights(self) -> StepWeights:
-        """This layer's `StepWeights`: the (in, out) copies `linear` itself multiplies by (rebuilt if stale)."""
-        own, cross, feed_forward = self.self_attn, self.encoder_attn, self.feed_forward
-        qkv, qkv_bias = own.fused_query_key_value_projection()
-        return StepWeights(
-            (own._fused_packed.get_transposed(qkv), qkv_bias),
-            _transposed(own.out_proj),
-            _transposed(cross.q_proj),
-            _transposed(cross.out_proj),
-            _transposed(feed_forward.fc1),
-            _transposed(feed_forward.fc2),
-        )
-
-    def step(
-        self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool, weights: StepWeights | None = None
-    ) -> tuple[Tensor, Tensor | None]:
+    def step(self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far.
 
-        The same operations as `forward` (inference: no dropout), called directly rather than
-        through module calls: at one position per row the per-call overhead is a large share.
-        With `weights` (fp32 CPU inference, see `Transformer.step_weights`) every matmul is one torch.addmm
-        on them: `linear`'s own kernel and copies, without its per-call dispatch.
+        The same operations as `forward` (inference: no dropout). model/runtime runs this step compiled and is
+        tested against it.
         """
-        if weights is not None:
-            return self._step_fp32(x, cache, layer, need_weights, weights)
-        query, key, value = self.self_attn.project_query_key_value(x)  # (N, h, 1, d_k) each
+        own = self.self_attn
+        query = own.split_heads(own.q_proj(x))  # (N, h, 1, d_k)
+        key, value = own.project_key_value(x)  # (N, h, 1, d_k) each
         self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
         # cache.self_mask: None when every row is at the same position (model.scheduler's ragged rows set it)
         attended, _ = self.self_attn.attend_one(query, self_key, self_value, cache.self_mask, False)
         x = _layer_norm(self.self_attn_layer_norm, x + attended)
         cross = self.encoder_attn
-        query = linear(x, cross.q_proj.weight, cross.q_proj.bias, cross.q_proj.packed)  # (N, 1, d_model)
+        query = cross.q_proj(x)  # (N, 1, d_model)
         attended, cross_weights = cross.attend_one(
             query, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
         )
         x = _layer_norm(self.encoder_attn_layer_norm, x + attended)
         x = _layer_norm(self.final_layer_norm, x + self.feed_forward(x))
         return x, cross_weights  # (N, 1, d_model), (N, h, 1, S) or None
-
-    def _step_fp32(
-        self, x: Tensor, cache: DecoderCache, layer: int, need_weights: bool, weights: StepWeights
-    ) -> tuple[Tensor, Tensor | None]:
-        """`step` with every matmul a torch.addmm on `weights`: the same operations in the same order."""
-        own = self.self_attn
-        rows, _, d_model = x.shape
-        x = x.view(rows, d_model)
-        qkv = torch.addmm(weights.qkv[1], x, weights.qkv[0]).view(rows, 1, 3, own.heads, own.d_k)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (N, h, 1, d_k)
-        self_key, self_value = cache.append(layer, key, value)  # (N, h, t, d_k)
-        context, _ = own.context_one(query, self_key, self_value, cache.self_mask, False)
-        x = _layer_norm(self.self_attn_layer_norm, x + torch.addmm(weights.self_out[1], context, weights.self_out[0]))
-        query = torch.addmm(weights.cross_query[1], x, weights.cross_query[0])  # (N, d_model)
-        context, cross_weights = self.encoder_attn.context_one(
-            query, cache.cross_key[layer], cache.cross_value[layer], cache.source_mask, need_weights
-        )
-        attended = torch.addmm(weights.cross_out[1], context, weights.cross_out[0])
-        x = _layer_norm(self.encoder_attn_layer_norm, x + attended)
-        hidden = self.feed_forward.activation(torch.addmm(weights.fc1[1], x, weights.fc1[0]))
-        x = _layer_norm(self.final_layer_norm, x + torch.addmm(weights.fc2[1], hidden, weights.fc2[0]))
-        return x.view(rows, 1, d_model), cross_weights
-
-
-@dataclass(frozen=True)
-class StepWeights:
-    """One decoder layer's matmuls for a fp32 CPU decoding step: (Wᵀ (in, out) contiguous, bias) each, the very
-    copies `linear` multiplies by with TRANSPOSED_FP32 (PackedWeight.get_transposed), so `DecoderLayer.step` can
-    call torch.addmm on them directly. Checked for staleness once per decode (`Transformer.start_cache`) instead of
-    once per matmul: at a few rows per step, `linear`'s dispatch and checks cost a sizeable share of the step
-    (bench/compile_step.py measures the step both ways)."""
-
-    qkv: tuple[Tensor, Tensor]  # [W_q; W_k; W_v]ᵀ (d_model, 3·d_model), its bias
-    self_out: tuple[Tensor, Tensor]
-    cross_query: tuple[Tensor, Tensor]
-    cross_out: tuple[Tensor, Tensor]
-    fc1: tuple[Tensor, Tensor]
-    fc2: tuple[Tensor, Tensor]
-
-
-def _transposed(layer: Linear) -> tuple[Tensor, Tensor]:
-    return layer.packed.get_transposed(layer.weight), layer.bias
-
 
 def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
@@ -454,7 +369,6 @@ class Transformer(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = Linear(d, config.target_vocab_size, bias=False)
-        self._output_packed = PackedWeight()  # for the output projection, tied or not
         self.register_buffer("final_logits_bias", torch.zeros(config.target_vocab_size))
 
     def untie_embeddings(self) -> None:
@@ -498,38 +412,6 @@ class Transformer(nn.Module):
                 module.to(dtype)
         return self
 
-    def quantize_int8(self, engine: str = "fbgemm", per_row: bool = True) -> Transformer:
-        """Run CPU inference with int8 weights (the int8 fast mode); the fp32 parameters stay as they are.
-
-        Every linear layer and the output projection multiply int8 weights (per output channel)
-        with int8 activations quantized on the fly (`int8_linear`); embeddings, layer norms,
-        attention's softmax and its two matmuls stay fp32, and `logits` recomputes each row's
-        best candidates from the fp32 weights. The packed int8 copies are made at first use
-        from the fp32 weights (loaded from safetensors: nothing quantized is ever read from disk).
-        Training and anything run with gradients use the fp32 weights. per_row: one activation
-        scale per row (token) instead of one per matmul call (see `int8_linear`).
-        """
-        if engine not in INT8_ENGINES:
-            raise ValueError(f"int8 engine must be one of {', '.join(INT8_ENGINES)}")
-        for packed in self.packed_weights():
-            packed.int8, packed.int8_rows, packed.int8_stamp = engine, per_row, None
-        return self
-
-    @property
-    def int8(self) -> bool:
-        """True when CPU inference runs with int8 weights (`quantize_int8`)."""
-        return self._output_packed.int8 is not None
-
-    def packed_weights(self) -> list[PackedWeight]:
-        """Every matmul's packed-weight cache: linear layers, fused Q/K/V projections, the output projection."""
-        found = [self._output_packed]
-        for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                found.append(module.packed)
-            elif isinstance(module, MultiHeadAttention):
-                found.append(module._fused_packed)
-        return found
-
     @property
     def output_weight(self) -> Tensor:
         return self.decoder_embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -543,9 +425,9 @@ class Transformer(nn.Module):
         would otherwise decide the near-ties between the best tokens.
         """
         weight = self.output_weight
-        if weight.dtype == hidden.dtype and not runs_int8(hidden, weight, self._output_packed):
-            return linear(hidden, weight, self.final_logits_bias, self._output_packed)  # bias added in the matmul
-        logits = linear(hidden, weight, None, self._output_packed) + self.final_logits_bias  # (..., V)
+        if weight.dtype == hidden.dtype:
+            return F.linear(hidden, weight, self.final_logits_bias)  # bias added in the matmul
+        logits = linear(hidden, weight, None) + self.final_logits_bias  # (..., V)
         rows = logits.view(-1, logits.size(-1))  # the candidates' order does not matter, only which they are
         candidates = row_topk(rows, min(RESCORED_CANDIDATES, rows.size(-1)))[1].view(*logits.shape[:-1], -1)  # (..., m)
         exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
@@ -616,8 +498,7 @@ class Transformer(nn.Module):
     def start_cache(self, encoder: EncoderOutput, capacity: int, beams: int = 1) -> DecoderCache:
         """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
 
-        beams: rows per source (beam search's k): see `cross_key_values`. The cache also keeps the model's
-        `step_weights` as they are now: a decode multiplies by the weights it started with.
+        beams: rows per source (beam search's k): see `cross_key_values`.
         """
         batch = encoder.hidden.size(0) * beams
         self_key, self_value = [], []
@@ -629,20 +510,7 @@ class Transformer(nn.Module):
         cross_key, cross_value = self.cross_key_values(encoder.hidden, beams)
         source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
         mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
-        cache = DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
-        cache.step_weights = self.step_weights()  # checked once per decode, not once per step
-        return cache
-
-    def step_weights(self) -> list[StepWeights] | None:
-        """Each decoder layer's `StepWeights` when a decoding step's matmuls are `linear`'s fp32 CPU path (fp32
-        weights on the CPU, inference, TRANSPOSED_FP32, not the int8 mode); None otherwise (the step then goes
-        through `linear` for each matmul)."""
-        weight = self.output_weight
-        if not kernels.TRANSPOSED_FP32 or torch.is_grad_enabled() or self.int8:
-            return None
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or self.positions.dtype != torch.float32:
-            return None
-        return [layer.step_weights() for layer in self.decoder_layers]
+        return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
 
     def decode_step(
         self, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
@@ -661,13 +529,12 @@ class Transformer(nn.Module):
         return self.logits(x[:, 0]), cross_attention
 
     def step_layers(self, x: Tensor, cache: DecoderCache, need_weights: bool) -> tuple[Tensor, list[Tensor] | None]:
-        """Every decoder layer's `step` on one new position per row x (N, 1, d_model), with the cache's
-        `step_weights`: the last hidden state and, when asked, each layer's cross-attention (N, h, S).
+        """Every decoder layer's `step` on one new position per row x (N, 1, d_model): the last hidden state and,
+        when asked, each layer's cross-attention (N, h, S).
         `decode_step` and the continuous scheduler's ragged step (model.scheduler.decode_rows) both run it."""
         cross_attention = [] if need_weights else None
-        step_weights = cache.step_weights
         for i, layer in enumerate(self.decoder_layers):
-            x, weights = layer.step(x, cache, i, need_weights, step_weights and step_weights[i])
+            x, weights = layer.step(x, cache, i, need_weights)
             if need_weights:
                 cross_attention.append(weights[:, :, 0])  # (N, h, S)
         return x, cross_attention

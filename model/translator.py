@@ -23,6 +23,7 @@ from model.checkpoint import WEIGHTS_NAME, load_model
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
+from model.runtime import load_step
 from model.scheduler import DecodeLoop, TokenCallback
 from model.search import Hypothesis, beam_search
 from model.tokenizer import MarianTokenizer, is_special_piece, word_groups
@@ -54,8 +55,6 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
 
 
 def _precision(model: Transformer) -> str:
-    if model.int8:
-        return "int8"
     return str(model.output_weight.dtype).removeprefix("torch.")
 
 
@@ -84,36 +83,11 @@ class Translation:
     alternatives: list[Translation] = field(default_factory=list)
 
 
-def token_alignment(
-    cross_attention: Tensor, layer: int, head: int | None = None, shift: bool = False
-) -> list[tuple[int, int]]:
-    """For each target token, the source token the alignment head weighs most, never the source </s>.
-
-    head None reads the layer's head average (a model without a declared alignment head); `shift`
-    reads target token t at the step where t is the decoder's input (the row guided alignment trained).
-    """
-    return attention_links(alignment_matrix(cross_attention, layer, head, shift))
-
-
-def word_alignment(
-    cross_attention: Tensor,
-    layer: int,
-    source_tokens: list[str],
-    target_tokens: list[str],
-    head: int | None = None,
-    shift: bool = False,
-) -> tuple[list[tuple[int, int]], list[str], list[str]]:
-    """Merge pieces into words; each target word aligns to the source word receiving most attention mass.
-
-    The source's final </s> is never a candidate (it holds no word).
-    """
-    return word_links(alignment_matrix(cross_attention, layer, head, shift), source_tokens, target_tokens)
-
-
 def word_links(
     matrix: Tensor, source_tokens: list[str], target_tokens: list[str]
 ) -> tuple[list[tuple[int, int]], list[str], list[str]]:
-    """`word_alignment` from the (T, S) map it reads: (pairs, source words, target words)."""
+    """Merge pieces into words; each target word aligns to the source word receiving most attention mass
+    in the alignment head's (T, S) rows (never the source's final </s>): (pairs, source words, target words)."""
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
     matrix = matrix.float()
@@ -206,8 +180,12 @@ class Translator:
         name: str = "model",
         weights_digest: str = "",
         exact_model: Transformer | None = None,
+        step=None,
     ) -> None:
         self.model = model  # what decodes (translate, generate, submit)
+        # How each decoding step runs: the compiled runtime where it builds and suits, else the model's eager step
+        # (model.runtime.load_step; `runtime_info` says which and why).
+        self.step = step if step is not None else load_step(model, _precision(model))
         # What explains (explain, attention_steps, attribute): the decoding model itself, except under int8
         # weights, whose explanations come from the same checkpoint in fp32 (see from_pretrained).
         self.exact_model = exact_model if exact_model is not None else model
@@ -228,12 +206,13 @@ class Translator:
         dtype: a torch dtype or its name ("float32", "bfloat16", "float16", "int8"); None is float32. On a GPU
         a half dtype runs natively; on the CPU it stores the matrices in it around fp32 activations.
 
-        "int8" (torch.int8; CPU only) decodes with int8 weights quantized at load time from the fp32
-        safetensors and int8 activations quantized per matmul (Transformer.quantize_int8), the best
-        candidates' logits recomputed in fp32. Explanations (`explain`, `attention_steps`, `attribute`)
-        then run the same checkpoint in fp32 (`exact_model`) over the tokens the int8 search chose:
-        their maps and arithmetic are the exact model's, which may differ from the int8 numbers
-        `translate` returned with its alignments by quantization error (see README, Fast modes).
+        "int8" (torch.int8; CPU only) decodes through the compiled runtime with int8 weights quantized at load
+        time from the fp32 safetensors wherever int8 is faster here, and int8 activations quantized per row
+        (model/runtime), the best candidates' logits recomputed in fp32. Explanations (`explain`,
+        `attention_steps`, `attribute`) run the fp32 model over the tokens the int8 search chose: their maps
+        and arithmetic are the exact model's, which may differ from the int8 numbers `translate` returned with
+        its alignments by quantization error. Without the compiled runtime int8 decodes in float32 eagerly
+        (`runtime_info` says so).
         """
         directory = resolve_model_path(name_or_path)
         if isinstance(dtype, str):
@@ -242,12 +221,12 @@ class Translator:
             dtype = DTYPE_NAMES[dtype]
         dtype = dtype or torch.float32
         target = pick_device(device)
-        exact_model = None
+        step = None
         if dtype == torch.int8:
             if target.type != "cpu":
                 raise InvalidInputError("dtype int8 runs on the CPU only; use bfloat16 or float16 on a GPU")
-            model = load_model(directory).quantize_int8()
-            exact_model = load_model(directory)
+            model = load_model(directory)
+            step = load_step(model, "int8")
         elif target.type == "cuda" and dtype != torch.float32:
             # A GPU runs half precision natively (weights, activations and cache in dtype; log-softmax in
             # fp32): the CPU's mode (bf16 matrices around fp32 activations, see Transformer.cast_weights)
@@ -263,7 +242,7 @@ class Translator:
                 model.config.eos_token_id,
             )
         digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
-        return cls(model, tokenizer, name=directory.name, weights_digest=digest, exact_model=exact_model)
+        return cls(model, tokenizer, name=directory.name, weights_digest=digest, step=step)
 
     @property
     def device(self) -> torch.device:
@@ -272,11 +251,16 @@ class Translator:
     @property
     def precision(self) -> str:
         """How decoding stores its matrices: "float32", "bfloat16", "float16" or "int8"."""
-        return _precision(self.model)
+        return self.step.info.precision
+
+    @property
+    def runtime_info(self) -> dict:
+        """What runs each decoding step (compiled or eager), why, on which CPU, and the kernels chosen there."""
+        return self.step.info.as_dict()
 
     @property
     def explanation_precision(self) -> str:
-        """The same for explanations: "float32" under int8 decoding (exact_model), else `precision`."""
+        """The same for explanations: "float32" under int8 decoding (the model's own weights), else `precision`."""
         return _precision(self.exact_model)
 
     @property
@@ -342,7 +326,9 @@ class Translator:
             if len(ids) > self.config.max_position_embeddings:
                 raise InputTooLongError(f"source_ids[{index}] is longer than max_position_embeddings")
         head = self.alignment_head if alignment_attention else None
-        return beam_search(self.model, source_ids, options, return_attention=return_attention, alignment_head=head)
+        return beam_search(
+            self.model, source_ids, options, return_attention=return_attention, alignment_head=head, step=self.step
+        )
 
     def translate(
         self,
@@ -388,18 +374,14 @@ class Translator:
         and leave the running decode at every step, each decoded as if alone."""
         if self._loop is None:
             self._loop = DecodeLoop(
-                self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head
+                self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head,
+                step=self.step,
             )
 
     @property
     def decoder_rows(self) -> int:
         """Rows the continuous loop is decoding now (0 without one)."""
         return self._loop.scheduler.rows if self._loop is not None else 0
-
-    def stop_continuous(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
-            self._loop = None
 
     def submit(
         self,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.kernels import REDUCE_RANGE, quantize_per_channel
+from model.runtime.quantize import REDUCE_RANGE, quantize_per_channel
 
 logger = logging.getLogger("model.runtime")
 
@@ -114,8 +114,6 @@ class EagerStep:
 
 
 def _model_precision(model) -> str:
-    if getattr(model, "int8", False):
-        return "int8"
     return str(model.output_weight.dtype).removeprefix("torch.")
 
 
@@ -127,7 +125,8 @@ class CompiledStep:
     def __init__(self, model, extension, precision: str = "float32", choose: bool = True) -> None:
         if precision not in ("float32", "int8"):
             raise ValueError("the compiled step runs float32 or int8")
-        self.model = model
+        self.model, self.extension, self.precision, self._choose = model, extension, precision, choose
+        self._stamp = _weights_stamp(model)
         config = model.config
         detached = lambda t: t.detach().float().contiguous()  # noqa: E731
         int8 = precision == "int8"
@@ -163,7 +162,6 @@ class CompiledStep:
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
-        self.loops = self._runtime  # greedy and beam search loops (model.search uses them on the CPU)
         self.info = RuntimeInfo("compiled", precision, "")
         if choose:
             self.choose(precision)
@@ -191,9 +189,27 @@ class CompiledStep:
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
         self.info.reason = f"every matmul on {kernel} (forced)"
 
+    def refresh(self) -> None:
+        """Copy the weights again if the model's changed since (an optimizer step, load_state_dict in place)."""
+        if _weights_stamp(self.model) != self._stamp:
+            logger.info("decoding runtime: the model's weights changed; copying them again")
+            self.__init__(self.model, self.extension, self.precision, self._choose)
+
+    @property
+    def loops(self):
+        """The compiled greedy and beam search loops (Runtime.greedy, Runtime.beam), on the model's current weights."""
+        self.refresh()
+        return self._runtime
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The step's output projection (int8 with rescoring, or fp32) of decoder states (N, d_model)."""
+        return self._runtime.logits(hidden.detach().float().contiguous())
+
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
         step = cache.length
+        if step == 0:
+            self.refresh()
         if step >= cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
         if step >= self.model.positions.size(0):
@@ -215,6 +231,18 @@ class CompiledStep:
         )
         cache.advance()
         return logits, (cross if need_weights else None)
+
+
+def _weights_stamp(model) -> tuple:
+    """Where each parameter lives and how often it was changed in place: equal stamps, equal weights."""
+    stamp = []
+    for parameter in model.parameters():
+        try:
+            version = parameter._version
+        except RuntimeError:  # an inference tensor: never updated in place
+            version = 0
+        stamp.append((parameter.data_ptr(), version))
+    return tuple(stamp)
 
 
 def _timings(row: list[float]) -> dict:
@@ -249,8 +277,10 @@ def load_step(model, precision: str = "float32"):
     wanted = os.environ.get(RUNTIME_ENV, "auto").strip().lower() or "auto"
     if wanted not in ("auto", "eager", "compiled"):
         raise ValueError(f"{RUNTIME_ENV} must be auto, eager or compiled, not {wanted!r}")
+    # int8 exists only in the compiled step; the eager step decodes the model's own (fp32) weights instead
+    unless = "" if precision != "int8" else "; int8 needs the compiled step, so float32 decodes"
     if wanted == "eager":
-        return EagerStep(model, f"{RUNTIME_ENV}=eager")
+        return EagerStep(model, f"{RUNTIME_ENV}=eager{unless}")
     device = model.final_logits_bias.device
     if device.type != "cpu":
         return EagerStep(model, f"the compiled step is measured on CPUs only; {device.type} decodes eagerly")
@@ -260,7 +290,7 @@ def load_step(model, precision: str = "float32"):
     if extension is None:
         if wanted == "compiled":
             raise RuntimeError(f"{RUNTIME_ENV}=compiled but the compiled step could not be built: {_extension_error}")
-        return EagerStep(model, f"the compiled step could not be built ({_extension_error})")
+        return EagerStep(model, f"the compiled step could not be built ({_extension_error}){unless}")
     step = CompiledStep(model, extension, precision)
     logger.info("decoding runtime: compiled %s step on %s, %s", precision, step.info.cpu, step.info.reason)
     return step

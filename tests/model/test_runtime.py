@@ -129,7 +129,11 @@ def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
         for label, kernel in (("small", small), ("large", large)):
             timed = compiled.timings[name][label]
             assert set(timed) <= set(KERNELS.values()) and "int8" in timed
-            assert timed[kernel] == min(timed.values()), (name, label, timed)
+            exact = min(v for k, v in timed.items() if k != "int8")
+            if kernel == "int8":  # int8 only where it pays: at least 10 % faster than every fp32 kernel
+                assert timed["int8"] <= 0.9 * exact, (name, label, timed)
+            else:
+                assert timed[kernel] == exact and (timed["int8"] > 0.9 * exact), (name, label, timed)
     info = compiled.info.as_dict()
     assert info["runtime"] == "compiled" and info["precision"] == "int8" and info["cpu"]
     assert "timed at 4 and 64 rows" in info["reason"]
