@@ -46,6 +46,15 @@ COPY model ./model
 COPY service ./service
 COPY deploy ./deploy
 
+# The compiled decoding runtime (model/runtime), built now rather than when the first replica loads; the compiler
+# leaves the image again (loading the built step needs none). Without it the service would decode eagerly.
+ENV TRANSLATE_RUNTIME_BUILD_DIR=/app/runtime-build
+# Any g++ of the base image's release builds it, and none stays in the image: its version is not pinned.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && python -m model.runtime build --strict \
+    && apt-get purge -y g++ && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
+
 # Readable by the unprivileged user whatever the modes in the checkout (weights may be 0600).
 RUN chmod -R a+rX /app \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin app

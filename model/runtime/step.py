@@ -4,9 +4,12 @@ scheduler's ragged rows)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 import os
 import platform
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -48,18 +51,44 @@ def build_directory() -> Path:
     return Path(os.environ.get(BUILD_DIR_ENV) or default)
 
 
+def source_digest() -> str:
+    """What a built step must match: its source, this torch and this Python."""
+    key = SOURCE.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}".encode()
+    return hashlib.sha256(key).hexdigest()
+
+
+def _prebuilt(directory: Path):
+    """The step built earlier into `directory` for this source, torch and Python (no compiler needed to load it)."""
+    library, digest = directory / "translation_runtime.so", directory / "source.sha256"
+    try:
+        if not library.is_file() or digest.read_text(encoding="ascii").strip() != source_digest():
+            return None
+    except OSError:
+        return None
+    spec = importlib.util.spec_from_file_location("translation_runtime", library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build(verbose: bool = False):
-    """Compile (or load from the build directory) the C++ step; raises when it cannot be built."""
+    """The C++ step: loaded as built earlier, else compiled now with torch.utils.cpp_extension (a C++ compiler,
+    Python's headers and ninja); raises when it cannot be built."""
+    directory = build_directory()
+    module = _prebuilt(directory)
+    if module is not None:
+        return module
     from torch.utils.cpp_extension import load
 
-    directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load(
+        module = load(
             name="translation_runtime", sources=[str(SOURCE)], build_directory=str(directory),
             extra_cflags=["-O2"], verbose=verbose,
         )
+    (directory / "source.sha256").write_text(source_digest() + "\n", encoding="ascii")
+    return module
 
 
 def compiled_extension():

@@ -1,6 +1,7 @@
 """Our engine against transformers' MarianMTModel (the independent oracle) on random tiny checkpoints.
 
-Each configuration is written by transformers' own save_pretrained and loaded by us.
+Each configuration is written by transformers' own save_pretrained and loaded by us, and decoded both ways: through
+the compiled runtime (the default) and through the eager step it falls back to on a machine without a compiler.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from model import Translator
-from tests.tiny import DEVICE, make_hf_model_dir, synthetic_corpus
+from model.runtime import EagerStep, compiled_extension
+from tests.harness.tiny import DEVICE, make_hf_model_dir, synthetic_corpus
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,17 +38,22 @@ CONFIGS = {
 SENTENCES = [english for english, _ in synthetic_corpus(count=60, seed=7)]
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=[(name, runtime) for name in sorted(CONFIGS) for runtime in ("compiled", "eager")],
+                ids=lambda param: "-".join(param))
 def pair(request, tmp_path_factory):
     """(our Translator, transformers model, transformers tokenizer) on one saved directory."""
-    options = dict(CONFIGS[request.param])
+    name, runtime = request.param
+    options = dict(CONFIGS[name])
     shared = options.pop("shared")
-    directory = make_hf_model_dir(
-        tmp_path_factory.mktemp(request.param), shared=shared, seed=len(request.param), **options
-    )
+    directory = make_hf_model_dir(tmp_path_factory.mktemp(name), shared=shared, seed=len(name), **options)
     reference = transformers.MarianMTModel.from_pretrained(directory, attn_implementation="eager").eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
-    return Translator.from_pretrained(directory, device=DEVICE), reference, tokenizer
+    ours = Translator.from_pretrained(directory, device=DEVICE)
+    if runtime == "eager":
+        ours.step = EagerStep(ours.model)
+    elif DEVICE == "cpu" and compiled_extension() is not None:
+        assert ours.runtime_info["runtime"] == "compiled"
+    return ours, reference, tokenizer
 
 
 def _batch(translator: Translator, texts: list[str]):
@@ -124,8 +131,10 @@ def test_cross_attention_equals_output_attentions(pair):
 
 @pytest.mark.parametrize(
     "pair, length_penalty",
-    [(name, 1.0) for name in sorted(CONFIGS)] + [("swish-separate-8heads", 0.6)],
+    [((name, runtime), 1.0) for name in sorted(CONFIGS) for runtime in ("compiled", "eager")]
+    + [(("swish-separate-8heads", runtime), 0.6) for runtime in ("compiled", "eager")],
     indirect=["pair"],
+    ids=lambda param: "-".join(param) if isinstance(param, tuple) else str(param),
 )
 def test_beam4_best_hypothesis_identical(pair, length_penalty):
     translator, reference, _ = pair
