@@ -5,15 +5,6 @@
     python -m bench.engine --device cuda      # the same on a GPU: ours and transformers in fp32, bf16 and fp16,
                                               # CTranslate2 float16/int8_float16 (its CUDA build needs CUDA 12's
                                               # cuBLAS: pip install nvidia-cublas-cu12; torch from PyPI is CUDA 13)
-
-Each model is a random MarianMTModel written by transformers (`save_pretrained`) with real
-sentencepiece models trained on the English/Chinese data; CTranslate2 converts that same
-directory. Random weights produce degenerate outputs (eos at once, or never), so every
-engine is made to generate exactly `--new-tokens` tokens per sequence: eos is banned until the
-budget (transformers' min_new_tokens, CTranslate2's min_decoding_length, our min_new_tokens)
-and the budget ends decoding. Tokens/s counts generated tokens of the returned hypotheses
-(one per input, also under beam search). Each figure is the best of `--repeats` timed runs
-after one warm-up run.
 """
 
 from __future__ import annotations
@@ -32,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from model.runtime import EagerStep
+from model.runtime.step import cpu_model
+from model.tokenizer import MarianTokenizer
+from model.translator import Translator
+from tests.harness.tiny import synthetic_corpus, train_spm
 
-from model.tokenizer import MarianTokenizer  # noqa: E402
-from model.translator import Translator  # noqa: E402
-from tests.tiny import synthetic_corpus, train_spm  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.engine")
 
@@ -174,8 +165,12 @@ def pick_inputs(tokenizer: MarianTokenizer, pairs: list[tuple[str, str]], count:
 
 
 class OurEngine:
-    def __init__(self, directory: Path, device: str, dtype: torch.dtype, return_attention: bool = False) -> None:
+    def __init__(
+        self, directory: Path, device: str, dtype: torch.dtype, return_attention: bool = False, eager: bool = False
+    ) -> None:
         self.translator = Translator.from_pretrained(directory, device=device, dtype=dtype)
+        if eager:  # the lecture model's own step, what the compiled runtime falls back to
+            self.translator.step = EagerStep(self.translator.model)
         self.return_attention = return_attention
 
     def generate(self, batch: list[list[int]], beam_size: int, new_tokens: int) -> list[list[int]]:
@@ -273,8 +268,12 @@ def engine_specs(device: str, quick: bool, hf_attention: list[str]) -> list[tupl
     fast = torch.bfloat16
     specs = [("ours fp32", "ours", {"dtype": torch.float32})]
     specs.append(("ours fp32 +attn", "ours", {"dtype": torch.float32, "return_attention": True}))
-    specs.append(("ours bf16", "ours", {"dtype": fast}))
-    specs.append(("ours bf16 +attn", "ours", {"dtype": fast, "return_attention": True}))
+    if device == "cpu":  # the compiled runtime's int8, and the eager step it falls back to
+        specs.append(("ours int8", "ours", {"dtype": torch.int8}))
+        specs.append(("ours eager fp32", "ours", {"dtype": torch.float32, "eager": True}))
+    else:
+        specs.append(("ours bf16", "ours", {"dtype": fast}))
+        specs.append(("ours bf16 +attn", "ours", {"dtype": fast, "return_attention": True}))
     if device == "cuda":  # half precision runs natively on a GPU: ours and transformers in each
         specs.append(("ours fp16", "ours", {"dtype": torch.float16}))
         specs.append(("ours fp16 +attn", "ours", {"dtype": torch.float16, "return_attention": True}))
@@ -337,6 +336,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "command": " ".join(["python -m bench.engine", *sys.argv[1:]]),
         "machine": {
+            "cpu": cpu_model(),
             "processor": platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": args.threads,
@@ -390,7 +390,9 @@ def ratios(results: list[dict]) -> dict:
         if is_fp32_transformers(r["engine"]):
             row["transformers"] = max(row.get("transformers", 0.0), r["tokens_per_s"])
     pairs = [
-        ("ours fp32", "transformers"), ("ours fp32", "ct2 int8"), ("ours bf16", "transformers"),
+        ("ours fp32", "transformers"), ("ours fp32", "ct2 fp32"), ("ours int8", "ct2 int8"),
+        ("ours eager fp32", "transformers"), ("ours fp32", "ours eager fp32"),
+        ("ours fp32", "ct2 int8"), ("ours bf16", "transformers"),
         ("ours bf16", "ct2 int8"), ("ours fp32 +attn", "ours fp32"), ("ours bf16 +attn", "ours bf16"),
         ("ours fp16", "ct2 float16"), ("ours fp16", "transformers fp16"), ("ours bf16", "transformers bf16"),
         ("ours fp16 +attn", "ours fp16"),
