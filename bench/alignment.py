@@ -2,14 +2,6 @@
 
     python -m bench.alignment                      # both shipped models; writes bench/results/alignment.json
     python -m bench.alignment --models en-zh=DIR   # another directory under a shipped name
-
-1. eflomal (model.statistical_alignment) aligns the Tatoeba training pairs together with the dev pairs
-   and the human-aligned gold sentences (Chinese segmented with jieba, grow-diag-final-and).
-2. Each model force-decodes both sets (model.evaluate_alignment): the alignment the service returns
-   (the model's alignment head), the best and worst head, the diagonal baseline, and the alignment
-   head's mean normalized entropy.
-   - in domain: Tatoeba dev pairs, scored against eflomal's links (no human gold exists for them);
-   - gold: the 150 newswire sentence pairs with human sure/possible links.
 """
 
 from __future__ import annotations
@@ -21,13 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from model.training.evaluate_alignment import alignment_report, gold_items, link_items
+from model.training.statistical_alignment import main as statistical_alignment
+from model.translator import Translator
 
-from model.evaluate_alignment import alignment_report, gold_items, link_items  # noqa: E402
-from model.statistical_alignment import main as statistical_alignment  # noqa: E402
-from model.translator import Translator  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 DATA = REPOSITORY.parent / "shared" / "data"
 RESULTS = REPOSITORY / "bench" / "results"

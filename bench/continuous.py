@@ -2,19 +2,6 @@
 
     python -m bench.continuous                 # both schedulers, shipped en-zh, dev sentences
     python -m bench.continuous --quick         # fewer requests (a smoke run)
-
-For each scheduler (args.scheduler static, then continuous; one service at a time, same machine):
-1. mixed: single-text requests, short (one dev sentence of at most 8 words) and long (dev sentences joined to
-   40-60 words, split_sentences false), arriving as a Poisson process at --load of the static scheduler's
-   measured capacity for that mix; p50/p99 latency per class and throughput;
-2. closed: single-sentence requests at concurrency 32, beam 4 (bench.service's scenario): texts per second;
-3. alone: short texts one at a time (concurrency 1): the floor a short text's latency cannot go below;
-4. streaming (continuous only): time to the first streamed token of a greedy request at concurrency 1 and 32.
---engine-only runs no service: the engine alone, 32 sentences submitted together, the closed-loop scenario
-with 16 sources in flight (one replica's share of concurrency 32) with where the continuous scheduler's time goes,
-and one text at a time (what the continuous machinery costs a lone request).
-Ratios are continuous / static from the same run: medians over --rounds rounds (default 3), each round
-starting both services afresh, the scheduler that goes first alternating.
 """
 
 from __future__ import annotations
@@ -33,13 +20,11 @@ from typing import Any
 
 import httpx
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running
+from tests.harness.loadgen import run_load, translate_bodies
+from tests.harness.processes import free_port
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running  # noqa: E402
-from tests.loadgen import run_load, translate_bodies  # noqa: E402
-from tests.processes import free_port  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
 

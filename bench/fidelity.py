@@ -2,10 +2,6 @@
 
     python -m bench.fidelity                      # shipped models, bf16 against fp32, beam 4
     python -m bench.fidelity --models en-zh --dtypes bfloat16 --limit 200
-
-For each model: the share of dev sentences whose translation is identical to fp32's, and the
-BLEU of each dtype against the references (sacrebleu; zh tokenization for Chinese output).
-Writes bench/results/fidelity-<device>.json.
 """
 
 from __future__ import annotations
@@ -13,17 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from model.translator import Translator
 
-from model.translator import Translator  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.fidelity")
 

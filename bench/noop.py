@@ -1,9 +1,5 @@
 """A no-op Ray Serve application shaped like ours: the reference for what Ray Serve alone costs.
 
-FastAPI ingress (same request schema as POST /v1/translate) → DeploymentHandle → a deployment
-that returns its input. Whatever the real service spends beyond this is ours (model, batching,
-JSON); whatever this costs is Ray Serve's per-request floor on the machine.
-
     import_path: bench.noop:app      (bench/service.py adds it to its config at /noop)
 """
 

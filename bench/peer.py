@@ -1,5 +1,5 @@
-"""The peer of issue #16: LibreTranslate 1.9.6 on our shipped weights, built offline-repeatable, checked, and loaded
-side by side with our service in one run.
+"""The peer to beat: LibreTranslate 1.9.6 (CTranslate2) on our shipped weights, built offline-repeatable, checked,
+and loaded side by side with our service in one run.
 
     python -m bench.peer build        # .peer/: the venv (PyPI, the only download), CTranslate2 int8 + fp32 of
                                       # model/pretrained/{en-zh,zh-en}, an .argosmodel per direction, installed
@@ -7,34 +7,6 @@ side by side with our service in one run.
     python -m bench.peer compare      # ours (serve run deploy/serve.yaml) and the two peers, one after the other:
                                       # 400 single-sentence requests and 50 requests of 16 at concurrency 32, beam 4
     python -m bench.peer compare --requests 40 --batch-requests 5    # a smoke run of the same pipeline
-
-Everything the peer needs lies under .peer/ (gitignored); nothing touches the user's home:
-
-- .peer/venv                   LibreTranslate 1.9.6 (with argos-translate-lt 1.12.1, CTranslate2 4.x) and spaCy from
-                               PyPI, `pip install -c .peer/constraints.txt` (torch==2.13.0: nothing here needs torch,
-                               and should a dependency ask for it, pip takes the CPU wheel, not a CUDA build);
-- .peer/ct2/<model>-<int8|float32>   TransformersConverter of the Marian directory, with add_source_eos: true in its
-                               config.json (argos feeds sentencepiece pieces without </s>, our engine appends it);
-- .peer/argosmodel/<variant>/translate-<src>_<tgt>-1_0.argosmodel   a zip of translate-<src>_<tgt>-1_0/ holding
-                               metadata.json, model/ (the conversion), sentencepiece.model (our source.spm: argos
-                               encodes the source and decodes the target with that one model) and spacy/ (a blank
-                               spaCy pipeline: with ARGOS_CHUNK_TYPE=SPACY argos splits sentences with it and a
-                               sentencizer, where its default splitter, MiniSBD, downloads an ONNX model at first use);
-- .peer/<variant>/             the peer's HOME and XDG dirs, ARGOS_PACKAGES_DIR=.peer/<variant>/packages with both
-                               directions installed by argostranslate.package.install_from_path (with fewer than two
-                               packages LibreTranslate fetches its package index at boot), the spaCy cache argos looks
-                               for at import (cache/argos-translate/spacy/senter/model: present, so no download), and
-                               ARGOS_PACKAGE_INDEX pointing nowhere, so an attempt to go online fails at once.
-
-Variants: "int8" (the issue's best: ARGOS_COMPUTE_TYPE=int8, ARGOS_INTER_THREADS=2 ARGOS_INTRA_THREADS=1) and
-"fp32" (float32, argos's default threads: inter 1, intra 0 = CTranslate2's choice). Both decode at beam 4
-(ARGOS_BEAM_SIZE, argos's default) with the length_penalty 0.2 argos hard-codes; ours uses 1.0 (transformers' default).
-LibreTranslate itself then rewrites the final punctuation after the source's ("等会儿见。" for "See you later." is
-served as "等会儿见.", and zh→en output ends in "。" when the source does), so `verify` reports the identical rate
-both exactly and with NFKC and the final punctuation mark set aside.
-
-The peer is started as `libretranslate --host 127.0.0.2 --port <free> --load-only en,zh` in its own OS session and
-stopped by that session (tests/processes.py), never by name.
 """
 
 from __future__ import annotations
@@ -61,11 +33,7 @@ from typing import Any
 
 import httpx
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
-
-from bench.service import (  # noqa: E402
+from bench.service import (
     DEFAULT_DATA,
     RESULTS,
     bench_config,
@@ -74,8 +42,10 @@ from bench.service import (  # noqa: E402
     read_sentences,
     serve_running,
 )
-from tests.loadgen import run_load  # noqa: E402
-from tests.processes import free_port, stop_process_group  # noqa: E402
+from tests.harness.loadgen import run_load
+from tests.harness.processes import free_port, stop_process_group
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.peer")
 
@@ -369,7 +339,7 @@ def peer_translate(url: str, texts: list[str], source: str, target: str, chunk: 
 
 
 def dev_set(path: Path, model: str) -> tuple[list[str], list[list[str]]]:
-    from model.data import dev_references, read_pairs
+    from model.training.data import dev_references, read_pairs
 
     source_column, target_column = (0, 1) if model == "en-zh" else (1, 0)
     return dev_references(read_pairs(str(path), source_column, target_column))
@@ -379,10 +349,10 @@ def ours_translate(model: str, texts: list[str], length_penalty: float, threads:
     """What POST /v1/translate answers, from the engine in this process: a text of several sentences is decoded
     sentence by sentence and joined again (service/split_texts.py, the API's default), one sentence whole."""
     import torch
-
-    from model import Translator
     from service.sentences import join
     from service.split_texts import plan_texts
+
+    from model import Translator
 
     source, target = DIRECTIONS[model]
     plans = plan_texts(texts, source, split_sentences=True)
@@ -442,7 +412,7 @@ def identical(a: list[str], b: list[str], key: Callable[[str], str] = lambda s: 
 
 
 def verify(args: argparse.Namespace) -> dict[str, Any]:
-    from model.evaluate import score_translations
+    from model.training.evaluate import score_translations
 
     dev = {model: dev_set(args.data, model) for model in DIRECTIONS}
     if args.limit:

@@ -3,15 +3,6 @@
     python -m bench.revisions HEAD~1                  # 3 rounds, the working tree's deploy/serve.yaml for both
     python -m bench.revisions 293c0d3 --rounds 5 --output /tmp/ab.json
     python -m bench.revisions HEAD~1 --scheduler continuous   # both sides with args.scheduler: continuous
-
-A change to the service or the engine is judged against the code before it on the same machine in the same
-minutes: this machine's speed moves ±20-30% between runs, far more than most changes. Each round starts `serve
-run` twice, once from a `git worktree` of the revision (its packages first on PYTHONPATH, for Ray's workers
-too) and once from the working tree, in alternating order, and measures on the shipped en-zh model (dev
-sentences, beam 4): 60 single-text requests one at a time (latency alone), then a closed loop of 400
-single-text requests at concurrency 32, and from /metrics, per text, the batch queue's wait
-(`translation_batch_queue_wait_seconds`) and the texts per batch in each phase. Medians over rounds, and each
-round's figures. Writes bench/results/revisions-cpu.json.
 """
 
 from __future__ import annotations
@@ -30,14 +21,12 @@ from typing import Any
 
 import httpx
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running
+from tests.harness.loadgen import run_load, translate_bodies
+from tests.harness.processes import free_port
+from tests.harness.prometheus_text import total
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running  # noqa: E402
-from tests.loadgen import run_load, translate_bodies  # noqa: E402
-from tests.processes import free_port  # noqa: E402
-from tests.service.prometheus_text import total  # noqa: E402
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 MODEL = "en-zh"
 

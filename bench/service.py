@@ -3,21 +3,6 @@
     python -m bench.service --quick                  # tiny random models, a few hundred requests: a smoke test
     python -m bench.service                          # default models; writes bench/results/service-cpu.json
     python -m bench.service --url http://127.0.0.1:8000 --skip-engine   # load an already running service
-
-Without --url the script starts one `serve run` of deploy/serve.yaml (loopback, a free port)
-with a second application added at /noop: bench/noop.py, FastAPI ingress → handle →
-deployment returning its input, the floor of Ray Serve's per-request cost. It then measures,
-on the same English sentences (shared/data tatoeba dev set):
-
-- engine B=1, engine B=16   model.Translator in this process, with the translator replica's threads;
-- noop 1 text               N requests at concurrency C against the no-op app;
-- service 1 text            the same requests against POST /v1/translate;
-- service 16 texts          requests of 16 texts: the service's tokens/s against engine B=16;
-- nothing lost              (full run) 2,000 single-text requests at concurrency 64: every answer
-                            must be 200, or 503/504 with a JSON error body; no reset, no 500.
-
-The load generator is httpx async on the same 2 cores as the service, so it competes for CPU
-with what it measures; the no-op row pays the same client cost, which keeps the ratio fair.
 """
 
 from __future__ import annotations
@@ -45,18 +30,16 @@ from typing import Any
 import httpx
 import yaml
 
-REPOSITORY = Path(__file__).resolve().parents[1]
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
-
-from tests.loadgen import run_load, translate_bodies  # noqa: E402
-from tests.processes import (  # noqa: E402
+from tests.harness.loadgen import run_load, translate_bodies
+from tests.harness.processes import (
     command_line,
     free_port,
     serve_environment,
     session_pids,
     stop_process_group,
 )
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.service")
 
@@ -291,14 +274,14 @@ def read_sentences(path: Path, limit: int) -> list[str]:
         lines = path.read_text(encoding="utf-8").splitlines()
         sentences = [line.split("\t")[0].strip() for line in lines if line.strip()]
     else:
-        from tests.tiny import synthetic_corpus
+        from tests.harness.tiny import synthetic_corpus
 
         sentences = [english for english, _ in synthetic_corpus(limit)]
     return sentences[:limit]
 
 
 def tiny_models(root: Path) -> dict[str, str]:
-    from tests.tiny import make_model_dir
+    from tests.harness.tiny import make_model_dir
 
     return {
         "en-zh": str(make_model_dir(root / "tiny-en-zh", shared=True, seed=0)),

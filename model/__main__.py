@@ -1,4 +1,4 @@
-"""Command line: `python -m model translate --model DIR "text" ...` (and `python -m model.train`)."""
+"""Command line: `python -m model translate --model DIR "text" ...` (training: `python -m model.training.train`)."""
 
 from __future__ import annotations
 

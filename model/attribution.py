@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.errors import InputTooLongError, InvalidInputError
-from model.explain import _check_ids, teacher_forcing_inputs
+from model.explain import check_ids, teacher_forcing_inputs
 from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "value_zeroing", "alti_plus")
@@ -34,7 +34,7 @@ MAX_STEPS = 100
 MAX_TOKENS = 160  # source + target tokens one attribution may cover: integrated gradients runs T × steps rows
 ROWS_PER_PASS = 64  # rows of one forward-and-backward pass: bounds the memory of integrated gradients
 # Integrated gradients runs target tokens × steps rows of source + target tokens through the model and back: a
-# 40-token pair at 50 steps (about 30,000 token-rows) takes 3.6 s on one core (bench/attributions.py).
+# 40-token pair at 50 steps (about 30,000 token-rows) takes 3.6 s on one core (bench/experiments/attributions.py).
 MAX_GRADIENT_WORK = 40_000
 
 
@@ -79,7 +79,7 @@ def attribute(
     unknown_ids: the <unk> ids of the source and target vocabularies, the integrated-gradients
     baseline (inseq's default: <unk> everywhere except </s> and the decoder start token).
     """
-    _check_ids(model, source_ids, target_ids)
+    check_ids(model, source_ids, target_ids)
     if method not in METHODS:
         raise InvalidInputError(f"method must be one of {', '.join(METHODS)}")
     if len(source_ids) + len(target_ids) > MAX_TOKENS:

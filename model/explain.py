@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from model.errors import InvalidInputError
-from model.search import _to_host
+from model.search import to_host
 from model.transformer import MultiHeadAttention, Transformer
 
 KINDS = ("cross", "encoder_self")
@@ -61,7 +61,8 @@ def _capture_inputs(module: torch.nn.Module, store: list):
         handle.remove()
 
 
-def _check_ids(model: Transformer, source_ids: list[int], target_ids: list[int]) -> None:
+def check_ids(model: Transformer, source_ids: list[int], target_ids: list[int]) -> None:
+    """Reject a source or target that is empty, longer than the model's positions, or outside its vocabulary."""
     config = model.config
     if not source_ids or not target_ids:
         raise InvalidInputError("source and target must each have at least one token")
@@ -88,7 +89,7 @@ def forced_decode(
 ) -> ForcedDecode:
     """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs
     (and, with encoder_attention, the encoder's self-attention; it is not computed otherwise)."""
-    _check_ids(model, source_ids, target_ids)
+    check_ids(model, source_ids, target_ids)
     device = model.final_logits_bias.device
     source, mask, decoder_input = teacher_forcing_inputs(model, source_ids, target_ids)
     encoder = model.encode(source, mask, need_weights=encoder_attention)
@@ -97,7 +98,7 @@ def forced_decode(
     chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
     encoder_maps = torch.stack([a[0] for a in encoder.self_attention]).float() if encoder_attention else None
     cross_maps = torch.stack([c[0] for c in cross]).float()
-    logprobs_host, cross_host, encoder_host = _to_host([chosen, cross_maps, encoder_maps])  # (T,), (L, h, T, S), …
+    logprobs_host, cross_host, encoder_host = to_host([chosen, cross_maps, encoder_maps])  # (T,), (L, h, T, S), …
     return ForcedDecode(list(source_ids), list(target_ids), logprobs_host.tolist(), cross_host, encoder_host)
 
 
@@ -118,7 +119,7 @@ def attention_steps(
     position: int = 0,
 ) -> AttentionSteps:
     """Recompute one head's attention from the captured layer inputs, step by step, in float32."""
-    _check_ids(model, source_ids, target_ids)
+    check_ids(model, source_ids, target_ids)
     config = model.config
     if kind not in KINDS:
         raise InvalidInputError(f"kind must be one of {', '.join(KINDS)}")

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.search import BeamState, Hypothesis, _backtrack, _captured, _next_logprobs, _Step, beam_step, length_budget
+from model.search import BeamState, Hypothesis, StepRecord, backtrack, beam_step, captured, length_budget, next_logprobs
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -50,7 +50,7 @@ class DecodeRequest:
     # search state (see model.search._beam, here for one input)
     step: int = 0
     state: BeamState | None = None  # for this one input (G = 1)
-    steps: list[_Step] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     run_source_row: Tensor | None = None
     run_token: Tensor | None = None
     run_logprob: Tensor | None = None
@@ -374,7 +374,7 @@ class Scheduler:
         else:
             logits, cross = self.decoder_step.decode_rows(self.last_tokens, self.cache, full or rows_only)
         attention = torch.stack(cross, dim=1) if full else None  # (N, L, h, S)
-        alignment = _captured(cross, False, self.alignment_head) if rows_only else None  # (N, S)
+        alignment = captured(cross, False, self.alignment_head) if rows_only else None  # (N, S)
 
         # Requests of one beam size advance together: one set of tensor operations per beam size
         # per step, whatever the number of requests (each one's arithmetic is still its own).
@@ -517,7 +517,7 @@ class Scheduler:
         ending = [request.budget <= step + 1 for request, step in zip(requests, steps, strict=True)]
         banned = [step + 1 < request.options.min_new_tokens for request, step in zip(requests, steps, strict=True)]
         # the static search's constraints, each request's rows under its own step, minimum length and budget
-        logprobs = _next_logprobs(group_logits, _rows_of(banned, k), _rows_of(ending, k), config)
+        logprobs = next_logprobs(group_logits, _rows_of(banned, k), _rows_of(ending, k), config)
         # length normalisation per request: the divisor is the static search's float(step + 1) ** penalty
         penalties = [request.options.length_penalty for request in requests]
         divisor = torch.tensor(
@@ -550,7 +550,7 @@ class Scheduler:
             elif request.alignment_rows:
                 kept = alignment[first : first + k, :source_length].cpu()  # (k, S)
             request.steps.append(
-                _Step(
+                StepRecord(
                     request.run_source_row, request.run_token, request.run_logprob,
                     host[0][g : g + 1], host[1][g : g + 1], host[2][g : g + 1], kept,
                 )
@@ -580,7 +580,7 @@ class Scheduler:
                 continue
             source_length = len(request.source_ids)
             hypotheses.append(
-                _backtrack(
+                backtrack(
                     request.steps, int(refs[slot]), 2 * k, k, float(scores[slot]), source_length,
                     request.return_attention,
                 )

@@ -19,7 +19,7 @@ for the device to finish its queue. The search keeps its state on the device, re
 which inputs are done, once every `check_every` steps (1 on the CPU, where a read costs
 nothing and a finished row leaves at once; CHECK_EVERY_GPU on a GPU, where finished rows
 run a few extra steps instead), and copies tokens, scores and attention back once per
-batch. `host_reads` counts the reads (tests and bench/gpu_check.py measure them).
+batch. `host_reads` counts the reads (tests and bench/gpu/check.py measure them).
 Attention is captured in full (every layer and head) only when asked; otherwise only the
 alignment head's rows, which the alignments need, and those stay on the device until the end.
 """
@@ -48,7 +48,7 @@ def _read(tensor: Tensor) -> list:
     return tensor.tolist()
 
 
-def _to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
+def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
     """Copy many device tensors to the CPU with one transfer per dtype (one wait instead of one per tensor)."""
     global host_reads
     out: list[Tensor | None] = list(tensors)
@@ -94,7 +94,7 @@ def length_budget(source_length: int, options: DecodingOptions, limit: int) -> i
 
 
 @dataclass
-class _Step:
+class StepRecord:
     """What one decoding step leaves behind for back-tracking (all on CPU unless noted)."""
 
     run_source_row: Tensor | None  # (N,) row at the previous step each running row came from
@@ -106,7 +106,7 @@ class _Step:
     attention: Tensor | None  # (N, L, h, S) cross-attention rows used at this step, or (N, S) one head's
 
 
-def _captured(cross: list[Tensor] | None, full: bool, head: tuple[int, int | None] | None) -> Tensor | None:
+def captured(cross: list[Tensor] | None, full: bool, head: tuple[int, int | None] | None) -> Tensor | None:
     """What a step keeps of its cross-attention (per layer (N, h, S)): all of it (N, L, h, S) when
     `full`, else the alignment head's rows (N, S) (`head` = (layer, head or None for the layer's
     head average)), else nothing."""
@@ -179,7 +179,7 @@ class _Capture:
         return 2, layer, -1 if head is None else head
 
     def keep(self, cross: list[Tensor] | None) -> Tensor | None:
-        return _captured(cross, self.full, self.head) if self.wanted else None
+        return captured(cross, self.full, self.head) if self.wanted else None
 
     def hypothesis(self, rows: Tensor | None, source_length: int) -> tuple[Tensor | None, Tensor | None]:
         """(cross_attention, alignment_attention) from one hypothesis's rows stacked per step:
@@ -191,7 +191,7 @@ class _Capture:
         return None, rows[..., :source_length].float().contiguous()
 
 
-def _next_logprobs(logits: Tensor, banned: list[int], ending: list[int], config) -> Tensor:
+def next_logprobs(logits: Tensor, banned: list[int], ending: list[int], config) -> Tensor:
     """Log-probabilities (N, V) of the next token, with the constraints transformers applies.
 
     Normalised over the full vocabulary, then pad is banned; rows in `banned` have not reached
@@ -226,7 +226,7 @@ class BeamState:
     running: Tensor  # (G, k) summed log-probability of each running beam
     finished: Tensor  # (G, k) length-normalised scores of the best finished hypotheses so far
     finished_done: Tensor  # (G, k) which finished slots hold a hypothesis
-    finished_ref: Tensor  # (G, k) the candidate each came from (a reference `_backtrack` reads)
+    finished_ref: Tensor  # (G, k) the candidate each came from (a reference `backtrack` reads)
     improvable: Tensor  # (G,) whether a running beam could still beat the worst finished one
 
     @classmethod
@@ -382,7 +382,7 @@ def _greedy(
     for step in range(width):
         logits, cross = decode(last_tokens, cache, need_weights=capture.wanted)
         ending = [row for row, index in enumerate(active) if budgets[index] <= step + 1]
-        logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
+        logprobs = next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         best_logprob, best = logprobs.max(dim=-1)  # (N,)
         out_tokens[rows_of, step] = best
         out_logprobs[rows_of, step] = best_logprob
@@ -416,7 +416,7 @@ def _greedy_hypotheses(
     """The greedy search's hypotheses from its token and score buffers and the attention rows it kept."""
     batch = len(lengths)
     attention = torch.cat(attention_steps) if attention_steps else None  # (sum N, L, h, S) or (sum N, S)
-    tokens, logprobs, ends, attention = _to_host([out_tokens, out_logprobs, out_length, attention])
+    tokens, logprobs, ends, attention = to_host([out_tokens, out_logprobs, out_length, attention])
     output = []
     for index in range(batch):
         end = int(ends[index])
@@ -463,7 +463,7 @@ def _beam(
             *_cross_inputs(model, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
         )
-        steps = [_Step(*record) for record in records]
+        steps = [StepRecord(*record) for record in records]
         return _beam_hypotheses(steps, [part for final in finals for part in final], lengths, ref_stride, k,
                                 num_return_sequences, capture)
     decode = model.decode_step if step is None else step.decode_step
@@ -477,7 +477,7 @@ def _beam(
     candidate_offsets = torch.arange(2 * k, device=device)
     # Per original input: its final (finished, finished_done, finished_ref), on the device until the end.
     results: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-    steps: list[_Step] = []
+    steps: list[StepRecord] = []
     run_source_row = run_token = run_logprob = None
     width = max(budgets)
 
@@ -485,7 +485,7 @@ def _beam(
         items = len(active)
         logits, cross = decode(last_tokens, cache, need_weights=capture.wanted)
         ending = [a * k + beam for a, index in enumerate(active) if budgets[index] <= step + 1 for beam in range(k)]
-        logprobs = _next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
+        logprobs = next_logprobs(logits, _too_early(step, min_new_tokens, logits.size(0)), ending, config)
         item_rows = torch.arange(items, device=device)[:, None]
         refs = step * ref_stride + item_rows * 2 * k + candidate_offsets
         divisor = float(step + 1) ** length_penalty
@@ -493,7 +493,7 @@ def _beam(
         frozen = choice.done
         row = item_rows * k + choice.beam  # (A, 2k) the row each candidate extends
         kept = capture.keep(cross)
-        steps.append(_Step(run_source_row, run_token, run_logprob, row, choice.token, choice.logprob, kept))
+        steps.append(StepRecord(run_source_row, run_token, run_logprob, row, choice.token, choice.logprob, kept))
         new_rows = row.gather(1, choice.chosen)  # (A, k)
         last_tokens = choice.token.gather(1, choice.chosen)
         new_logprobs = choice.logprob.gather(1, choice.chosen)
@@ -520,12 +520,12 @@ def _beam(
 
 
 def _beam_hypotheses(
-    steps: list[_Step], finals: list[Tensor], lengths: list[int], ref_stride: int, k: int, num_return_sequences: int,
-    capture: _Capture,
+    steps: list[StepRecord], finals: list[Tensor], lengths: list[int], ref_stride: int, k: int,
+    num_return_sequences: int, capture: _Capture,
 ) -> list[list[Hypothesis]]:
     """Each input's best finished hypotheses, rebuilt from the steps' back-pointers."""
     batch = len(lengths)
-    steps, finals = _steps_to_host(steps, finals)
+    steps, finals = steps_to_host(steps, finals)
     output: list[list[Hypothesis]] = []
     for index in range(batch):
         scores, finished, refs = finals[3 * index : 3 * index + 3]
@@ -534,7 +534,7 @@ def _beam_hypotheses(
             if not bool(finished[slot]) or len(hypotheses) == num_return_sequences:
                 continue
             hypotheses.append(
-                _backtrack(
+                backtrack(
                     steps, int(refs[slot]), ref_stride, k, float(scores[slot]), lengths[index], capture.full
                 )
             )
@@ -542,20 +542,20 @@ def _beam_hypotheses(
     return output
 
 
-def _steps_to_host(steps: list[_Step], extra: list[Tensor]) -> tuple[list[_Step], list[Tensor]]:
+def steps_to_host(steps: list[StepRecord], extra: list[Tensor]) -> tuple[list[StepRecord], list[Tensor]]:
     """Every step's back-pointers and attention, and `extra`, on the CPU in one transfer per dtype."""
     fields = ("run_source_row", "run_token", "run_logprob", "candidate_row", "candidate_token",
               "candidate_logprob", "attention")
-    flat = _to_host([getattr(step, name) for step in steps for name in fields] + extra)
+    flat = to_host([getattr(step, name) for step in steps for name in fields] + extra)
     width = len(fields)
-    return [_Step(*flat[i * width : (i + 1) * width]) for i in range(len(steps))], flat[len(steps) * width :]
+    return [StepRecord(*flat[i * width : (i + 1) * width]) for i in range(len(steps))], flat[len(steps) * width :]
 
 
-def _backtrack(
-    steps: list[_Step], ref: int, ref_stride: int, k: int, normalized: float, source_length: int, full: bool
+def backtrack(
+    steps: list[StepRecord], ref: int, ref_stride: int, k: int, normalized: float, source_length: int, full: bool
 ) -> Hypothesis:
     """Rebuild one finished hypothesis from its reference (step, input slot, candidate). The steps kept
-    every layer's and head's attention (`full`) or the alignment head's rows (see `_captured`)."""
+    every layer's and head's attention (`full`) or the alignment head's rows (see `captured`)."""
     step, rest = divmod(ref, ref_stride)
     item, candidate = divmod(rest, 2 * k)
     record = steps[step]

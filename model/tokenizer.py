@@ -44,7 +44,7 @@ def _load_spm(path: Path) -> sentencepiece.SentencePieceProcessor:
     return processor
 
 
-def _is_cjk(character: str) -> bool:
+def is_cjk(character: str) -> bool:
     code = ord(character)
     return (
         0x3400 <= code <= 0x9FFF
@@ -104,7 +104,7 @@ def word_groups(pieces: list[str]) -> list[list[int]]:
     for index, piece in enumerate(pieces):
         special = is_special_piece(piece)
         text = piece.lstrip(WORD_BOUNDARY)
-        cjk = bool(text) and all(_is_cjk(c) for c in text)
+        cjk = bool(text) and all(is_cjk(c) for c in text)
         starts_word = not groups or special or piece.startswith(WORD_BOUNDARY) or cjk or previous_cjk
         if starts_word:
             groups.append([index])

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 TOPK_CHUNK = 64  # row_topk: columns per chunk whose maximum is taken first (measured best of 16-128)
-TOPK_CHUNK_MIN_ROWS = 16  # row_topk: below this many rows torch.topk is as fast (python -m bench.search_step)
+TOPK_CHUNK_MIN_ROWS = 16  # row_topk: below this many rows torch.topk is as fast (bench/experiments/search_step.py)
 
 
 def row_topk(scores: Tensor, m: int) -> tuple[Tensor, Tensor]:
@@ -20,7 +20,7 @@ def row_topk(scores: Tensor, m: int) -> tuple[Tensor, Tensor]:
     in the tail past the last whole chunk or in one of the m chunks with the largest maxima (a chunk outside them
     has m chunks, so m values, at least as large as its own maximum), so torch.topk ranks those m·TOPK_CHUNK
     values and the tail instead of the whole row: from 16 to 64 rows of 8,935 log-probabilities about 2.2x
-    faster than torch.topk here; below TOPK_CHUNK_MIN_ROWS rows it is torch.topk (python -m bench.search_step).
+    faster than torch.topk here; below TOPK_CHUNK_MIN_ROWS rows it is torch.topk (bench/experiments/search_step.py).
     Equal values may come back in another order than torch.topk's, which does not specify one either.
     """
     rows, width = scores.shape

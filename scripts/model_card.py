@@ -1,6 +1,6 @@
 """Write model/pretrained/<name>/README.md (the model card) from training runs' summary.json.
 
-python scripts/model_card.py --work runs/en-zh --command "python -m model.train ..." \
+python scripts/model_card.py --work runs/en-zh --command "python -m model.training.train ..." \
     --model model/pretrained/en-zh --source en --target zh --eval-command "..." --dev-scores runs/en-zh-dev.json
 
 A model trained in stages (a run continued with --init-from) gives one --work and one --command per

@@ -101,7 +101,9 @@ def compiled_extension():
         _extension = build()
     except Exception as error:  # no compiler, no Python headers, no ninja: the eager step still decodes
         _extension_error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error) else ''}"[:300]
-        logger.warning("decoding runtime: the compiled step could not be built, decoding eagerly (%s)", _extension_error)
+        logger.warning(
+            "decoding runtime: the compiled step could not be built, decoding eagerly (%s)", _extension_error
+        )
         return None
     logger.info("decoding runtime: compiled step ready in %.1f s", time.perf_counter() - started)
     return _extension

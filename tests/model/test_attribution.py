@@ -14,7 +14,7 @@ import torch
 
 from model import ATTRIBUTION_METHODS, InputTooLongError, InvalidInputError, Translator
 from model.attribution import MAX_TOKENS
-from tests.tiny import CHINESE_CHARACTERS, DEVICE, make_model_dir
+from tests.harness.tiny import CHINESE_CHARACTERS, DEVICE, make_model_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,11 +40,6 @@ def run_inseq(jobs: list[tuple[Path, list[dict]]]) -> list[list[dict]]:
     return json.loads(finished.stdout)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("attribution"), shared=True, seed=5)
-
-
 def shipped_pairs(name: str, sources: list[str]) -> tuple[Path, list[dict]]:
     """The shipped model's own translations of `sources`, as text pairs for the oracle."""
     translator = Translator.from_pretrained(name, device="cpu")
@@ -56,11 +51,11 @@ SHIPPED = {"en-zh": ["I would like a cup of tea, please."], "zh-en": ["我喜欢
 
 
 @pytest.fixture(scope="module")
-def inseq_results(tiny_dir):
+def inseq_results(shared_model_dir):
     """inseq's results for a random tiny model and both shipped ones, by name, beside their directories."""
     jobs = {
         "tiny": (
-            tiny_dir,
+            shared_model_dir,
             [
                 {"source": "the cat sat on the mat.", "target": CHINESE_CHARACTERS[:6] + "。"},
                 {"source": "we like green tea today!", "target": CHINESE_CHARACTERS[20:31] + "！"},
@@ -217,16 +212,11 @@ def test_alti_plus_equals_an_explicit_implementation_of_the_paper(tmp_path, seed
 # ---- properties every method keeps ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_translator(tiny_dir):
-    return Translator.from_pretrained(tiny_dir, device=DEVICE)
-
-
 @pytest.mark.parametrize("method", ATTRIBUTION_METHODS)
-def test_rows_are_distributions_over_the_source_and_the_prefix(tiny_translator, method):
-    source_ids = tiny_translator.encode_source(["we like green tea today!"])[0]
-    target_ids = tiny_translator.generate([source_ids], beam_size=1, max_new_tokens=7)[0][0].token_ids
-    result = tiny_translator.attribute(source_ids, target_ids, method)
+def test_rows_are_distributions_over_the_source_and_the_prefix(translator, method):
+    source_ids = translator.encode_source(["we like green tea today!"])[0]
+    target_ids = translator.generate([source_ids], beam_size=1, max_new_tokens=7)[0][0].token_ids
+    result = translator.attribute(source_ids, target_ids, method)
     length = len(target_ids)
     assert result.source.shape == (length, len(source_ids)) and result.target.shape == (length, length)
     assert (result.source >= 0).all() and (result.target >= 0).all()
@@ -235,17 +225,17 @@ def test_rows_are_distributions_over_the_source_and_the_prefix(tiny_translator, 
     torch.testing.assert_close(result.source_share, result.source.sum(-1))
 
 
-def test_bad_requests_are_refused(tiny_translator):
-    source_ids = tiny_translator.encode_source(["the cat."])[0]
+def test_bad_requests_are_refused(translator):
+    source_ids = translator.encode_source(["the cat."])[0]
     with pytest.raises(InvalidInputError, match="method must be one of"):
-        tiny_translator.attribute(source_ids, [5, 0], "gradcam")
+        translator.attribute(source_ids, [5, 0], "gradcam")
     with pytest.raises(InvalidInputError, match="steps"):
-        tiny_translator.attribute(source_ids, [5, 0], "saliency", steps=8)
+        translator.attribute(source_ids, [5, 0], "saliency", steps=8)
     with pytest.raises(InvalidInputError, match="steps"):
-        tiny_translator.attribute(source_ids, [5, 0], "integrated_gradients", steps=10_000)
+        translator.attribute(source_ids, [5, 0], "integrated_gradients", steps=10_000)
     with pytest.raises(InputTooLongError, match="at most"):
-        tiny_translator.attribute([14] * (MAX_TOKENS // 2) + [0], [5] * (MAX_TOKENS // 2) + [0], "alti_plus")
+        translator.attribute([14] * (MAX_TOKENS // 2) + [0], [5] * (MAX_TOKENS // 2) + [0], "alti_plus")
     long_target = [5] * 40 + [0]  # 41 target tokens × 50 steps × 45 tokens: more work than one request may ask
     with pytest.raises(InputTooLongError, match="ask at most 21 steps"):
-        tiny_translator.attribute(source_ids, long_target, "integrated_gradients")
-    assert tiny_translator.attribute(source_ids, long_target, "integrated_gradients", steps=21).source.shape == (41, 4)
+        translator.attribute(source_ids, long_target, "integrated_gradients")
+    assert translator.attribute(source_ids, long_target, "integrated_gradients", steps=21).source.shape == (41, 4)

@@ -9,21 +9,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from model import InvalidInputError, Translator
+from model import InvalidInputError
 from model.explain import attention_steps, forced_decode
-from tests.tiny import DEVICE, make_model_dir
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("explain"), shared=False, seed=4)
-
-
-@pytest.fixture(scope="module")
-def translator(model_dir):
-    return Translator.from_pretrained(model_dir, device=DEVICE)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,5 @@
-"""What the search reads back from the device, and what attention it keeps.
-
-On a GPU every read of a device tensor on the host waits for the device. The search reads which
-inputs are done once every `check_every` steps (CHECK_EVERY_GPU on a GPU) and everything else
-once per batch; here, on the CPU, `check_every` is set by hand and the reads are counted with
-the search's own counter. Decoding with fewer checks must give the same output: finished rows
-only run a few extra steps whose tokens are cut off. bench/gpu_check.py counts the same reads
-on a real GPU, with torch's CUDA synchronisation debug mode as the independent counter.
+"""What the search reads back from the device (counted by its own counter, `check_every` set by hand on the
+CPU; bench/gpu/check.py counts them on a GPU), and that checking less often changes no output.
 """
 
 from __future__ import annotations
@@ -18,15 +12,15 @@ import torch
 from model import Translator, search
 from model.alignment import alignment_matrix
 from model.explain import forced_decode
-from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
+from tests.harness.tiny import DEVICE, synthetic_corpus
 
 SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=11)]
 
 
 @pytest.fixture(scope="module")
-def translator(tmp_path_factory):
-    directory = make_model_dir(tmp_path_factory.mktemp("reads"), seed=7)
-    translator = Translator.from_pretrained(directory, device=DEVICE)
+def translator(shared_model_dir):
+    """The conftest's shared-vocabulary model, made to finish early (its own copy: the bias is changed)."""
+    translator = Translator.from_pretrained(shared_model_dir, device=DEVICE)
     # A random model rarely says </s>: favour it so that inputs finish at different steps, some early.
     translator.model.final_logits_bias[translator.config.eos_token_id] = 6.0
     return translator
@@ -42,16 +36,16 @@ def decode(translator, ids, beam_size, check_every, **extra):
 
 
 def force_reads(monkeypatch):
-    """Count reads as if the tensors were on a device (on the CPU `_to_host` has nothing to copy)."""
+    """Count reads as if the tensors were on a device (on the CPU `to_host` has nothing to copy)."""
     if DEVICE != "cpu":
         return
-    original = search._to_host
+    original = search.to_host
 
     def counting(tensors):
         search.host_reads += len({t.dtype for t in tensors if t is not None})
         return original(tensors)
 
-    monkeypatch.setattr(search, "_to_host", counting)
+    monkeypatch.setattr(search, "to_host", counting)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model import DecodingOptions, InvalidInputError, Translator
-from tests.tiny import DEVICE, make_model_dir
-
-
-@pytest.fixture(scope="module")
-def translator(tmp_path_factory):
-    return Translator.from_pretrained(make_model_dir(tmp_path_factory.mktemp("options"), seed=4), device=DEVICE)
+from model import DecodingOptions, InvalidInputError
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 
 from model import Translator
 from model.translator import PRETRAINED_DIR, pretrained_names
-from tests.tiny import DEVICE
+from tests.harness.tiny import DEVICE
 
 transformers = pytest.importorskip("transformers")
 

@@ -177,7 +177,8 @@ def test_a_translator_decodes_with_the_compiled_step_by_default(extension):
     assert isinstance(translator.step, CompiledStep)
     info = translator.runtime_info
     assert info["runtime"] == "compiled" and info["precision"] == "float32" and info["threads"] >= 1
-    reference = Translator(translator.model, MarianTokenizer.from_directory(directory), step=EagerStep(translator.model))
+    tokenizer = MarianTokenizer.from_directory(directory)
+    reference = Translator(translator.model, tokenizer, step=EagerStep(translator.model))
     texts = ["I will call you later.", "They work together.", "Where is the station?"]
     assert [t.text for t in translator.translate(texts)] == [t.text for t in reference.translate(texts)]
 

@@ -1,9 +1,5 @@
-"""Continuous batching: every request decoded among others equals decoding it alone.
-
-The oracle is the static search (`model.search.beam_search` on the one source), itself tested
-against transformers' generate in test_transformers_parity.py. Requests arrive at random steps,
-with random lengths, beam sizes, n-best, length penalties and minimum lengths, under a row cap
-that makes some of them wait; ids must be equal, scores and attention equal to float rounding.
+"""Continuous batching: every request decoded among others (random arrivals, lengths and settings, a row cap)
+equals the static search on it alone, itself tested against transformers in test_transformers_parity.py.
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from model import Translator
-from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
+from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=3)]
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["shared", "separate"])
-def translator(request, tmp_path_factory):
-    directory = make_model_dir(tmp_path_factory.mktemp("search"), shared=request.param, seed=5)
-    return Translator.from_pretrained(directory, device=DEVICE)
+@pytest.fixture(scope="module", params=["shared_model_dir", "model_dir"], ids=["shared", "separate"])
+def translator(request):
+    """The conftest's translator, once for each vocabulary layout (one shared vocabulary, and two)."""
+    return Translator.from_pretrained(request.getfixturevalue(request.param), device=DEVICE)
 
 
 def greedy_without_cache(translator: Translator, source: list[int], steps: int):

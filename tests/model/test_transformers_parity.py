@@ -38,7 +38,10 @@ CONFIGS = {
 SENTENCES = [english for english, _ in synthetic_corpus(count=60, seed=7)]
 
 
-@pytest.fixture(scope="module", params=[(name, runtime) for name in sorted(CONFIGS) for runtime in ("compiled", "eager")],
+RUNTIMES = ("compiled", "eager")
+
+
+@pytest.fixture(scope="module", params=[(name, runtime) for name in sorted(CONFIGS) for runtime in RUNTIMES],
                 ids=lambda param: "-".join(param))
 def pair(request, tmp_path_factory):
     """(our Translator, transformers model, transformers tokenizer) on one saved directory."""

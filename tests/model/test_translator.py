@@ -10,22 +10,13 @@ import pytest
 import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
+from model.alignment import alignment_matrix, attention_links
 from model.explain import forced_decode
 from model.tokenizer import is_special_piece, word_groups
-from model.translator import token_alignment, word_links
-from tests.tiny import DEVICE, make_model_dir, synthetic_corpus
+from model.translator import word_links
+from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 ALIGNMENT_SENTENCES = [english for english, _ in synthetic_corpus(count=8, seed=11)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("translator"), shared=False, seed=6)
-
-
-@pytest.fixture(scope="module")
-def translator(model_dir):
-    return Translator.from_pretrained(model_dir, device=DEVICE)
 
 
 def test_translation_carries_tokens_scores_alignment(translator):
@@ -68,7 +59,7 @@ def test_alignment_follows_the_penultimate_layer_head_average(model_dir, transla
     penultimate = translator.config.decoder_layers - 2
     for translation, attention in zip(translations, maps, strict=True):
         assert translation.alignment == most_attended(attention[penultimate].mean(0))
-        assert token_alignment(attention, penultimate) == translation.alignment
+        assert attention_links(alignment_matrix(attention, penultimate, None)) == translation.alignment
         assert all(source < len(translation.source_ids) - 1 for source, _ in translation.alignment)
     # the sentences tell the wrong readings apart: the last layer, one head, </s> taken for a word
     assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[-1].mean(0)) for a in maps)
@@ -86,7 +77,7 @@ def test_a_declared_alignment_head_is_read_alone(tmp_path_factory):
     maps = oracle_cross_attention(directory, translations)
     for translation, attention in zip(translations, maps, strict=True):
         assert translation.alignment == most_attended(attention[1, 2])
-        assert token_alignment(attention, 1, 2) == translation.alignment
+        assert attention_links(alignment_matrix(attention, 1, 2)) == translation.alignment
     # the sentences tell the wrong readings apart: the layer's head average, another layer's head
     assert any(most_attended(a[1, 2]) != most_attended(a[1].mean(0)) for a in maps)
     assert any(most_attended(a[1, 2]) != most_attended(a[0, 2]) for a in maps)

@@ -1,17 +1,6 @@
 """inseq's attributions for (source, target) text pairs, as JSON: the oracle for model/attribution.py.
-
-Runs in its own environment (inseq 0.7.1 on transformers 4.57, made by tests/oracles/install.sh): it
-imports nothing from this repository. Reads a request on stdin:
-    {"models": [{"model": dir, "pairs": [{"source": text, "target": text}]}], "methods": [...], "steps": n}
-and writes per model, pair and method the ids inseq attributed and its default aggregation, as
-    {"source_ids", "target_ids", "source": [T][S], "target": [T][T]}
-(row t: the t-th generated token; target column j: the decoder input j, 0 being the start token).
-
-One correction: inseq hands Marian token embeddings already multiplied by embed_scale, and transformers'
-MarianDecoder multiplies `inputs_embeds` by it once more (modeling_marian.py, MarianDecoder.forward, in
-4.57), so inseq would attribute a decoder whose inputs are scaled by d_model instead of √d_model. The
-oracle sets the decoder's embed_scale to 1 once inseq has loaded the model, and checks that inseq's
-per-step probabilities then equal the model's own teacher-forced probabilities.
+Runs in its own environment (inseq 0.7.1 on transformers 4.57, made by tests/oracles/install.sh) and imports
+nothing from this repository.
 """
 
 import json
@@ -44,11 +33,24 @@ def check_probabilities(model: MarianMTModel, sequence) -> None:
 
 
 def main() -> None:
+    """Read a request on stdin and write, per model, pair and method, the ids inseq attributed and its default
+    aggregation.
+
+    In: {"models": [{"model": dir, "pairs": [{"source": text, "target": text}]}], "methods": [...], "steps": n}
+    Out: {"source_ids", "target_ids", "source": [T][S], "target": [T][T]} (row t: the t-th generated token;
+    target column j: the decoder input j, 0 being the start token).
+    """
     request = json.load(sys.stdin)
     json.dump([attribute_pairs(job["model"], job["pairs"], request) for job in request["models"]], sys.stdout)
 
 
 def attribute_pairs(directory: str, pairs: list[dict], request: dict) -> list[dict]:
+    """inseq's attributions of each pair by each method, with one correction: inseq hands Marian token
+    embeddings already multiplied by embed_scale, and transformers' MarianDecoder multiplies `inputs_embeds`
+    by it once more (modeling_marian.py, MarianDecoder.forward, in 4.57), so inseq would attribute a decoder
+    whose inputs are scaled by d_model instead of √d_model. The decoder's embed_scale is set to 1 once inseq
+    has loaded the model, and `check_probabilities` checks that inseq's per-step probabilities then equal
+    the model's own teacher-forced probabilities."""
     model = MarianMTModel.from_pretrained(directory, attn_implementation="eager").eval()
     tokenizer = MarianTokenizer.from_pretrained(directory)
     results = []
@@ -57,7 +59,7 @@ def attribute_pairs(directory: str, pairs: list[dict], request: dict) -> list[di
         for method in request["methods"]:
             model.model.decoder.embed_scale = model.model.encoder.embed_scale  # what inseq checks at load
             attribution_model = inseq.load_model(model, method, tokenizer=tokenizer)
-            model.model.decoder.embed_scale = 1.0  # inseq's embeddings are scaled already (module docstring)
+            model.model.decoder.embed_scale = 1.0  # inseq's embeddings are scaled already (see above)
             final_step = method == "value_zeroing"
             arguments = {"n_steps": request["steps"]} if method == "integrated_gradients" else {}
             output = attribution_model.attribute(

@@ -1,0 +1,1 @@
+"""Finished experiments kept because a maintainer may rerun them; their conclusions are in docs/decisions.md."""

@@ -1,0 +1,1 @@
+"""The GPU check kit: one command that checks the engine and the service on a GPU machine."""

@@ -1,0 +1,1 @@
+"""Maintainer tools that are not benchmarks: a local multi-node cluster, the API fuzzer, the model card writer."""

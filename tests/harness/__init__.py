@@ -1,0 +1,1 @@
+"""Helpers that the tests and the benchmarks share: tiny models, processes, load, clusters, fuzzing."""

@@ -1,0 +1,67 @@
+"""Find the OS processes of one Ray Serve instance's replicas, for the fault tests, through the instance's own
+HTTP port (several Ray clusters may run on one machine).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.harness.processes import command_line, session_pids
+
+PROC = Path("/proc")
+LISTEN = "0A"
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        path = PROC / "net" / table
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == LISTEN:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
+
+
+def listener_pid(port: int) -> int:
+    """The process that holds the listening socket of `port` (the Serve proxy)."""
+    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    for pid in _pids():
+        try:
+            descriptors = os.listdir(PROC / str(pid) / "fd")
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            try:
+                if os.readlink(PROC / str(pid) / "fd" / descriptor) in wanted:
+                    return pid
+            except OSError:
+                continue
+    raise LookupError(f"no process listens on port {port}")
+
+
+def replica_pids(port: int, application: str, deployment: str) -> list[int]:
+    """PIDs of the live replicas of `deployment` in `application` of the Serve instance on `port`.
+
+    The Serve proxy listening on `port` belongs to the OS session of the `serve run` that started the
+    cluster (the fixture starts it in a new session), and every Ray process of that cluster shares the
+    session id; replica processes name themselves `ray::ServeReplica:<application>:<deployment>`.
+    """
+    title = f"ray::ServeReplica:{application}:{deployment}"
+    session = os.getsid(listener_pid(port))
+    return sorted(pid for pid in session_pids(session) if command_line(pid).split(" ", 1)[0] == title)
+
+
+def started_at(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22): orders processes by age even
+    when process ids wrap around (pid_max is 32768 on many machines, and a long test session reaches it)."""
+    stat = (PROC / str(pid) / "stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])
