@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <chrono>
 #include <string>
@@ -46,6 +47,45 @@ const char* kernel_name(int64_t kernel) {
   return "?";
 }
 
+// ---- fp32 CPU loops for the small operations of a step ------------------------------------------------------
+// At a few rows per step each of these is a few thousand multiply-adds, where an ATen call's dispatch and
+// allocation would cost more than the arithmetic; elsewhere (another device or dtype) the ATen ops below run.
+bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; }
+
+// Each row of x (rows, cols) over its largest magnitude: y = x / scale, scale (rows, 1).
+void divide_rows(const Tensor& x, Tensor& y, Tensor& scale) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const float* in = x.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  float* scales = scale.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * cols;
+    float top = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(row[c]));
+    top = std::max(top, std::numeric_limits<float>::min());
+    scales[r] = top;
+    float* target = out + r * cols;
+    for (int64_t c = 0; c < cols; ++c) target[c] = row[c] / top;
+  }
+}
+
+// y = y * scale[row] (+ bias): the per-row scale put back after the int8 matmul.
+void scale_rows(Tensor& y, const Tensor& scale, const Tensor& bias) {
+  const int64_t rows = y.size(0), cols = y.size(1);
+  float* out = y.data_ptr<float>();
+  const float* scales = scale.data_ptr<float>();
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = out + r * cols;
+    const float s = scales[r];
+    if (b) {
+      for (int64_t c = 0; c < cols; ++c) row[c] = b[c] + row[c] * s;
+    } else {
+      for (int64_t c = 0; c < cols; ++c) row[c] *= s;
+    }
+  }
+}
+
 struct Linear {
   Tensor weight;      // (out, in): at::linear
   Tensor transposed;  // (in, out) contiguous: at::addmm, made when a kernel needs it
@@ -66,6 +106,13 @@ struct Linear {
       case kInt8: {
         // Each row divided by its largest magnitude before fbgemm quantizes the call's activations to 8 bits:
         // a row's quantization step is then a fraction of its own range whatever else shares the batch.
+        if (plain_cpu(x) && x.is_contiguous()) {
+          Tensor scaled = at::empty_like(x), scale = at::empty({x.size(0), 1}, x.options());
+          divide_rows(x, scaled, scale);
+          Tensor out = int8->apply_dynamic(scaled, reduce_range);
+          scale_rows(out, scale, bias);
+          return out;
+        }
         Tensor scale = x.abs().amax({-1}, true).clamp_min_(std::numeric_limits<float>::min());
         Tensor out = int8->apply_dynamic(x / scale, reduce_range);
         return bias.defined() ? at::addcmul(bias, out, scale) : out.mul_(scale);
@@ -96,8 +143,64 @@ Tensor activate(const Tensor& x, int64_t activation) {
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
 // dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined. Returns the heads' contexts side
 // by side (N, h·d_k) and the weights (N·h, 1, t).
+std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
+                                     int64_t heads, bool need_weights) {
+  const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
+  Tensor context = at::empty({rows, heads * d_k}, q.options());
+  Tensor weights = at::empty({rows * heads, 1, length}, q.options());
+  const float* qs = q.data_ptr<float>();
+  const float* ks = key.data_ptr<float>();
+  const float* vs = value.data_ptr<float>();
+  const float* ms = mask.defined() ? mask.data_ptr<float>() : nullptr;
+  float* cs = context.data_ptr<float>();
+  float* ws = weights.data_ptr<float>();
+  const int64_t k_row = key.stride(0), k_head = key.stride(1), k_pos = key.stride(2);
+  const int64_t v_row = value.stride(0), v_head = value.stride(1), v_pos = value.stride(2);
+  const int64_t m_row = mask.defined() ? mask.stride(0) : 0, m_pos = mask.defined() ? mask.stride(3) : 0;
+  const int64_t q_row = q.stride(0);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_k)));
+  at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t r = index / heads, h = index % heads;
+      const float* query = qs + r * q_row + h * d_k;
+      float* w = ws + index * length;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < length; ++j) {
+        const float* k = ks + r * k_row + h * k_head + j * k_pos;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d_k; ++c) dot += query[c] * k[c];
+        dot *= scale;
+        if (ms) dot += ms[r * m_row + j * m_pos];
+        w[j] = dot;
+        top = std::max(top, dot);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j < length; ++j) {
+        w[j] = std::exp(w[j] - top);
+        total += w[j];
+      }
+      const float inverse = 1.0f / total;
+      float* out = cs + r * heads * d_k + h * d_k;
+      for (int64_t c = 0; c < d_k; ++c) out[c] = 0.0f;
+      for (int64_t j = 0; j < length; ++j) {
+        w[j] *= inverse;
+        const float* v = vs + r * v_row + h * v_head + j * v_pos;
+        for (int64_t c = 0; c < d_k; ++c) out[c] += w[j] * v[c];
+      }
+    }
+  });
+  (void)need_weights;
+  return {context, weights};
+}
+
 std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
                                  int64_t heads) {
+  const int64_t head_width = key.size(3);
+  const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
+  if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
+      heads_side_by_side && (!mask.defined() || plain_cpu(mask))) {
+    return attend_cpu(q, key, value, mask, heads, true);
+  }
   const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
   Tensor scores = at::bmm(q.reshape({rows * heads, 1, d_k}), key.view({rows * heads, length, d_k}).transpose(1, 2));
   scores.mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
@@ -105,6 +208,33 @@ std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tenso
   Tensor weights = scores.softmax(-1);
   Tensor context = at::bmm(weights, value.view({rows * heads, length, d_k}));
   return {context.view({rows, heads * d_k}), weights};
+}
+
+// layer_norm(x + y) over the last dimension, x and y (rows, d); on the CPU in one pass per row.
+Tensor add_norm(const Tensor& x, const Tensor& y, const Tensor& w, const Tensor& b, double eps) {
+  if (!(plain_cpu(x) && plain_cpu(y) && x.is_contiguous() && y.is_contiguous() && plain_cpu(w))) {
+    return at::layer_norm(x + y, {x.size(-1)}, w, b, eps);
+  }
+  const int64_t rows = x.size(0), d = x.size(1);
+  Tensor out = at::empty_like(x);
+  const float *xs = x.data_ptr<float>(), *ys = y.data_ptr<float>();
+  const float *ws = w.data_ptr<float>(), *bs = b.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = os + r * d;
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) {
+      o[c] = xs[r * d + c] + ys[r * d + c];
+      sum += o[c];
+    }
+    const double mean = sum / d;
+    double squares = 0.0;
+    for (int64_t c = 0; c < d; ++c) squares += (o[c] - mean) * (o[c] - mean);
+    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / d + eps));
+    const float m = static_cast<float>(mean);
+    for (int64_t c = 0; c < d; ++c) o[c] = (o[c] - m) * inverse * ws[c] + bs[c];
+  }
+  return out;
 }
 
 double seconds_now() {
@@ -241,18 +371,19 @@ class Runtime {
                                               const c10::optional<Tensor>& source_mask, bool need_weights) {
     at::InferenceMode guard;
     const int64_t rows = ids.size(0), d_model = embed_.size(1), d_k = d_model / heads_;
-    Tensor position = level >= 0 ? positions_[level] : positions_.index_select(0, positions);
-    Tensor x = at::embedding(embed_, ids).mul_(embed_scale_).add_(position);  // (N, d)
+    Tensor x = embed(ids, level, positions);  // (N, d)
     Tensor own_mask = self_mask.has_value() ? *self_mask : Tensor();
     Tensor cross_mask = source_mask.has_value() ? *source_mask : Tensor();
     Tensor row_index = level >= 0 ? Tensor() : at::arange(rows, ids.options());
     std::vector<Tensor> cross_weights;
-    const std::vector<int64_t> norm_shape{d_model};
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       Tensor qkv = layer.qkv(x).view({rows, 3, heads_, d_k});  // (N, 3, h, d_k)
       Tensor query = qkv.select(1, 0), key = qkv.select(1, 1), value = qkv.select(1, 2);  // (N, h, d_k)
-      if (level >= 0) {
+      if (plain_cpu(key) && self_key[i].is_contiguous() && self_value[i].is_contiguous() && ids.is_cpu()) {
+        write_cache(self_key[i], key, level, positions);
+        write_cache(self_value[i], value, level, positions);
+      } else if (level >= 0) {
         self_key[i].narrow(0, 0, rows).select(2, level).copy_(key);
         self_value[i].narrow(0, 0, rows).select(2, level).copy_(value);
       } else {
@@ -264,14 +395,52 @@ class Runtime {
       Tensor keys = self_key[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor values = self_value[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor context = attend(query, keys, values, own_mask, heads_).first;
-      x = at::layer_norm(x + layer.self_out(context), norm_shape, layer.norm1_w, layer.norm1_b, eps_);
+      x = add_norm(x, layer.self_out(context), layer.norm1_w, layer.norm1_b, eps_);
       auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
-      x = at::layer_norm(x + layer.cross_out(cross_context), norm_shape, layer.norm2_w, layer.norm2_b, eps_);
+      x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
       Tensor hidden = activate(layer.fc1(x), activation_);
-      x = at::layer_norm(x + layer.fc2(hidden), norm_shape, layer.norm3_w, layer.norm3_b, eps_);
+      x = add_norm(x, layer.fc2(hidden), layer.norm3_w, layer.norm3_b, eps_);
     }
     return {logits(x), cross_weights};
+  }
+
+  // Token embedding × scale + the position's sinusoid, each row at `level` or at its own `positions[r]`.
+  Tensor embed(const Tensor& ids, int64_t level, const Tensor& positions) const {
+    if (!(plain_cpu(embed_) && ids.is_cpu() && ids.scalar_type() == at::kLong)) {
+      Tensor position = level >= 0 ? positions_[level] : positions_.index_select(0, positions);
+      return at::embedding(embed_, ids).mul_(embed_scale_).add_(position);
+    }
+    const int64_t rows = ids.size(0), d = embed_.size(1);
+    Tensor x = at::empty({rows, d}, embed_.options());
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const int64_t* at = level >= 0 ? nullptr : positions.data_ptr<int64_t>();
+    const float *table = embed_.data_ptr<float>(), *sinusoids = positions_.data_ptr<float>();
+    float* out = x.data_ptr<float>();
+    const float scale = static_cast<float>(embed_scale_);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* e = table + id[r] * d;
+      const float* p = sinusoids + (at ? at[r] : level) * d;
+      for (int64_t c = 0; c < d; ++c) out[r * d + c] = e[c] * scale + p[c];
+    }
+    return x;
+  }
+
+  // K or V of this step (N, h, d_k) written into a cache buffer (R, h, capacity, d_k) at each row's position.
+  static void write_cache(const Tensor& buffer, const Tensor& rows_kv, int64_t level, const Tensor& positions) {
+    const int64_t rows = rows_kv.size(0), heads = rows_kv.size(1), d_k = rows_kv.size(2);
+    const int64_t capacity = buffer.size(2);
+    const int64_t* at = level >= 0 ? nullptr : positions.data_ptr<int64_t>();
+    const float* in = rows_kv.data_ptr<float>();
+    float* out = buffer.data_ptr<float>();
+    const int64_t s_row = rows_kv.stride(0), s_head = rows_kv.stride(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t position = at ? at[r] : level;
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(out + ((r * heads + h) * capacity + position) * d_k, in + r * s_row + h * s_head,
+                    sizeof(float) * d_k);
+      }
+    }
   }
 
   // Output projection + final_logits_bias; under int8 each row's `rescore_` best candidates recomputed exactly.
