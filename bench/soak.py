@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -48,11 +49,12 @@ def resident_mib(pid: int) -> float | None:
 def watched_processes(session: int, deployments: list[str]) -> dict[str, int]:
     """'deployment/pid' → pid for the replicas of `deployments` in the serve session (process titles as
     tests/harness/replica_processes.py reads them)."""
-    titles = {f"ray::ServeReplica:translate:{name}": name for name in deployments}
     found = {}
     for pid in sorted(session_pids(session)):
-        name = titles.get(command_line(pid).split(" ", 1)[0])
-        if name:
+        # "ray::ServeReplica:translate:<name>", while busy with a method also "...:<name>.<method>"
+        title = re.search(r"ServeReplica:translate:([\w-]+)", command_line(pid).split(" ", 1)[0])
+        name = title and title.group(1)
+        if name in deployments:
             found[f"{name}/{pid}"] = pid
     return found
 
@@ -148,7 +150,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{sample['at_s']:>7} " + " ".join(f"{c if c is not None else '-':>24}" for c in cells))
     print("\nMiB growth, first -> last sample:", report["growth_mib"]["whole_run"])
     print("MiB growth, second half (settles):", report["growth_mib"]["second_half"])
-    print("\nrequests per route:", report["requests"])
+    total = sum(n for counts in report["requests"].values() for n in counts.values())
+    print(f"\nrequests: {total} in {report['minutes']} min; per route and status:", report["requests"])
     print(f"non-200 answers: {len(report['failures'])}")
     for failure in report["failures"]:
         print("  ", failure)
@@ -159,6 +162,23 @@ def print_report(report: dict[str, Any]) -> None:
         else:
             print(f"model {model.get('id')}: no 'runtime' in /v1/models; keys {sorted(model)}")
     print("command:", report["command"])
+
+
+def serve_and_soak(
+    config: dict, deployments: list[str], pairs: list[tuple[str, str]], args: argparse.Namespace
+) -> tuple[Soak, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Start the service, soak it, read /v1/models, stop it (its whole process group, also on errors or Ctrl-C)."""
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
+        started: list[int] = []
+        with serve_running(config, Path(scratch), timeout_s=args.ready_timeout_s, started=started) as url:
+            print(f"ready at {url}; soaking {args.minutes} min at concurrency {args.concurrency}", flush=True)
+            soak = Soak(url, pairs, 60 * args.minutes, args.concurrency)
+            samples = asyncio.run(soak_with_samples(soak, started[0], deployments))
+            try:
+                models = httpx.get(f"{url}/v1/models", timeout=30).json()["models"]
+            except (httpx.HTTPError, ValueError, KeyError) as error:
+                models = [{"id": "?", "error": repr(error)}]
+    return soak, samples, models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,17 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     config["applications"] = config["applications"][:1]  # deploy/serve.yaml's app only, without bench's no-op
     application = config["applications"][0]
     deployments = ["Ingress", *(f"translator-{spec['id']}" for spec in application["args"]["models"])]
-    pairs = read_pairs(args.data)
-    with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
-        started: list[int] = []
-        with serve_running(config, Path(scratch), timeout_s=args.ready_timeout_s, started=started) as url:
-            print(f"ready at {url}; soaking {args.minutes} min at concurrency {args.concurrency}", flush=True)
-            soak = Soak(url, pairs, 60 * args.minutes, args.concurrency)
-            samples = asyncio.run(soak_with_samples(soak, started[0], deployments))
-            try:
-                models = httpx.get(f"{url}/v1/models", timeout=30).json()["models"]
-            except (httpx.HTTPError, ValueError, KeyError) as error:
-                models = [{"id": "?", "error": repr(error)}]
+    try:
+        soak, samples, models = serve_and_soak(config, deployments, read_pairs(args.data), args)
+    except KeyboardInterrupt:
+        print("interrupted: the service is stopped, no report written", file=sys.stderr)
+        return 130
     half = next(i for i, s in enumerate(samples) if s["at_s"] >= samples[-1]["at_s"] / 2)
     report = {
         "command": " ".join(["python -m bench.soak", *(argv if argv is not None else sys.argv[1:])]),

@@ -1,12 +1,6 @@
-"""The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model.
-
-The same FastAPI app also carries LibreTranslate's and DeepL's routes (service/libretranslate.py,
-service/deepl_v2.py); they call this ingress's model selection, coalescers and limits.
-
-`build_app(args)` is the Ray Serve application builder named in deploy/serve.yaml
-(`import_path: service.app:build_app`); `args` is validated by service.config.ServiceConfig.
-Errors of every kind become {"error": {"code", "message"}} in service/errors.py (the compatibility
-routes get their own families' shapes there).
+"""The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model, and the one
+place that mounts the LibreTranslate and DeepL routes (service/compat/). `build_app(args)` is the application
+builder deploy/serve.yaml names (`import_path: service.app:build_app`).
 """
 
 import asyncio
@@ -27,10 +21,11 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response, StreamingResponse
 
-from service import deepl_v2, libretranslate
 from service.coalescing import Coalescer
+from service.compat import deepl_v2, libretranslate
+from service.compat.backend import LanguagePair, TranslationBackend
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
-from service.deployments import ExplainView, Rejected, TranslateCall, TranslatorDeployment
+from service.deployments import TranslatorDeployment
 from service.docs import add_offline_docs
 from service.errors import (
     InvalidRequestError,
@@ -47,6 +42,7 @@ from service.errors import (
     route_family,
 )
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id
+from service.messages import ExplainView, Rejected, TranslateCall
 from service.metrics import (
     MULTIPROCESS_ENV,
     PROMETHEUS_CONTENT_TYPE,
@@ -68,7 +64,7 @@ from service.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
-from service.split_texts import assemble, model_texts, plan_texts
+from service.text.split_texts import assemble, model_texts, plan_texts
 
 logger = logging.getLogger("ray.serve")
 
@@ -97,8 +93,16 @@ api = FastAPI(
 api.add_middleware(ServiceMiddleware)
 add_offline_docs(api)  # before /static: its assets live below /static/swagger-ui
 api.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
-api.include_router(libretranslate.router)  # LibreTranslate's API: /translate, /detect, /languages, ...
-api.include_router(deepl_v2.router)  # DeepL's v2 shape: /v2/translate, /v2/languages, /v2/usage
+
+
+def translation_backend(request: Request) -> TranslationBackend:
+    """The Ingress serving `request` (Ingress.__init__ puts it in the app's state), as the compatibility routes
+    see it."""
+    return request.app.state.ingress
+
+
+api.include_router(libretranslate.router(translation_backend))  # LibreTranslate's API: /translate, /detect, ...
+api.include_router(deepl_v2.router(translation_backend))  # DeepL's v2 shape: /v2/translate, /v2/languages, /v2/usage
 
 
 @api.exception_handler(RequestValidationError)
@@ -109,10 +113,12 @@ async def _handle_error(request: Request, error: Exception) -> Response:
     return exception_response(error, request.app.state.ingress.config.retry_after_s, family)
 
 
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
 @serve.ingress(api)
 class Ingress:
-    """Routes, model selection, backpressure and timeouts; the models run in the translator deployments."""
+    """Routes, model selection, backpressure and timeouts; the models run in the translator deployments.
+
+    It is also the TranslationBackend of the compatibility routes (service/compat/backend.py)."""
 
     def __init__(self, config: dict, translators: dict[str, DeploymentHandle]) -> None:
         self.config = ServiceConfig.model_validate(config)
@@ -192,6 +198,10 @@ class Ingress:
             raise result.error  # mapped to its status in service/errors.py like any other error
         return result
 
+    async def translate_call(self, model: str, call: TranslateCall) -> list[dict]:
+        """One outcome per text of `call`, through the model's coalescer, within the in-flight limit and timeout."""
+        return await self.call(partial(self.coalescers[model].submit, call))
+
     def _send_translations(self, model: str, requests: list) -> DeploymentResponse:
         self.metrics.call_requests.labels(model).observe(len(requests))
         return self.translators[model].translate.remote(requests)
@@ -205,6 +215,22 @@ class Ingress:
             self._info_at = time.monotonic()
         return self._info
 
+    # ---- the compatibility routes' view (TranslationBackend) ----------------------------------
+    def language_pairs(self) -> list[LanguagePair]:
+        return [LanguagePair(spec.id, spec.source_lang, spec.target_lang) for spec in self.specs.values()]
+
+    @property
+    def signing_secret(self) -> bytes:
+        return self.secret
+
+    @property
+    def keys_required(self) -> bool:
+        return bool(self.api_keys)
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.config.request_timeout_s
+
     def explanation_key(self, explanation_id: str) -> ExplanationKey:
         """Verify an explanation id and check that its model is served here."""
         key = decode_explanation_id(explanation_id, self.secret)
@@ -217,12 +243,12 @@ class Ingress:
     async def translate(self, body: TranslateRequest) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         spec = self.specs[model]
-        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/split_texts.py
+        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/text/split_texts.py
         texts = model_texts(body.texts, plans)
         call = TranslateCall(
             texts=texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
         )
-        outcomes = await self.call(partial(self.coalescers[model].submit, call))
+        outcomes = await self.translate_call(model, call)
         return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
 
     @api.post(

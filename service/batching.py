@@ -1,21 +1,5 @@
-"""A batch queue that forms the next batch only when the engine is free.
-
-Ray Serve's @serve.batch (2.60) forms batches as fast as items arrive and lets them wait on
-its `max_concurrent_batches` semaphore: while one batch decodes, every 10 ms window of new
-arrivals becomes a batch of its own, so single-text requests at concurrency 32 decoded in
-batches of about 2 (measured: 400 requests, 172 batches) and ran at a quarter of the
-engine's batched throughput. Here one worker takes the next batch only after the previous
-one is done, so whatever arrived meanwhile decodes together.
-
-A batch that is not full waits up to `wait_s` for company, counted from its oldest item, except
-right after a batch of one: that item came and went alone, so the load is light and nobody is
-known to be on the way; waiting would only add `wait_s` to each lone request (10 ms of a single
-text's ~55 ms on the shipped en-zh model). Once a batch holds several items again (clients that are
-likely to come back together), the wait applies again. A new queue waits, as under load.
-
-A batch holds items with equal `group` keys (decoding options), oldest first: one engine call
-per batch. Every submitted item's future is resolved (result or exception) or was cancelled
-by its caller; items cancelled while queued are dropped before decoding.
+"""A batch queue that forms the next batch only when the engine is free, so that whatever arrived while one
+batch decoded is decoded together (Ray Serve's @serve.batch forms batches as items arrive).
 """
 
 from __future__ import annotations
@@ -44,16 +28,22 @@ class _Entry(Generic[Item]):
 class BatchQueue(Generic[Item]):
     """submit(item, group) → the handler's result for that item, decoded with up to max_batch_size others.
 
+    One worker takes the next batch only after the previous one is done. A batch holds items with equal
+    `group` keys (decoding options), oldest first: one handler call per batch. A batch that is not full
+    waits up to `wait_s` for company, counted from its oldest item, except right after a batch of one:
+    that item came and went alone, the load is light, and waiting would only add `wait_s` to each lone
+    request. Once a batch holds several items again the wait applies again; a new queue waits.
+
     handler(items) returns one result per item, in order; a result that is an exception is
     raised to that item's caller only. If the handler itself raises, every item of the batch
-    gets the exception.
+    gets the exception. Items cancelled by their callers while queued are dropped before decoding.
     """
 
     def __init__(
         self,
         handler: Callable[[list[Item], list[float]], Awaitable[list[Any]]],
-        max_batch_size: int = 16,
-        wait_s: float = 0.01,
+        max_batch_size: int,
+        wait_s: float,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")

@@ -1,11 +1,9 @@
-"""A small HTTP client for the service, sync and async, with timeouts and retries on 503.
+"""A small HTTP client for the service, sync and async, with timeouts and retries on 503 (honouring Retry-After);
+errors come back as ServiceError(status, code, message).
 
     with TranslationClient("http://localhost:8000") as client:
         result = client.translate(["The cat sat."], source_lang="en", target_lang="zh")
         maps = client.explanation(result["translations"][0]["explanation_id"])
-
-Errors come back as ServiceError(status, code, message). A 503 (overloaded or a replica
-restarting) and connection failures are retried with backoff, honouring Retry-After.
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""Coalescing at the ingress: requests for one model that arrive together leave in one call.
-
-Every call from the ingress to a translator replica costs both processes a few milliseconds
-of Python (routing, serialization, the replica's request bookkeeping), and the translator's
-share competes with decoding on its core. Under load, single-text requests paid that once
-per text. Here each model keeps at most `max_calls` calls out at a time; requests that
-arrive meanwhile wait at the ingress and go together in the next call, which leaves when a
-call returns, or at once when the waiting requests already hold `max_items` texts (a full
-batch: with several translator replicas the router spreads full calls over them). Under
-light load nothing waits: a request finds a free call slot and goes alone.
-
-With max_calls=2 one call decodes while the next is queued at the replica, so the replica's
-engine never waits for the ingress. Each request in a call succeeds or fails on its own
-(the callee returns one outcome per request); a request whose caller gave up is dropped
-before sending, and a sent call is cancelled only once all of its requests were given up.
+"""Coalescing at the ingress: translate requests for one model that arrive together leave in one call to the
+translator, so that the per-call cost of Ray Serve is paid once per call rather than once per request.
 """
 
 from __future__ import annotations
@@ -46,17 +33,22 @@ class _Waiting(Generic[Request]):
 class Coalescer(Generic[Request]):
     """submit(request) → its outcome, from a call shared with the requests that waited alongside it.
 
+    At most `max_calls` calls are out at a time; requests arriving meanwhile wait and leave together in the
+    next call, when a call returns, or at once when the waiting requests hold `max_items` items (a full
+    batch). Under light load nothing waits. With max_calls=2 one call decodes while the next is queued at
+    the replica. max_calls=0 lifts the limit: every request leaves at once in a call of its own.
+
     send(requests) starts one call and must resolve to one outcome per request, in order.
-    If the call itself fails, every request in it gets that exception. max_calls=0 lifts the
-    limit: every request leaves at once in a call of its own.
+    If the call itself fails, every request in it gets that exception. A request whose caller gave up
+    is dropped before sending; a sent call is cancelled only once all of its requests were given up.
     """
 
     def __init__(
         self,
         send: Callable[[list[Request]], Call],
         size: Callable[[Request], int],
-        max_calls: int = 2,
-        max_items: int = 16,
+        max_calls: int,
+        max_items: int,
     ) -> None:
         if max_calls < 0 or max_items < 1:
             raise ValueError("max_calls must be at least 0 (0: no limit) and max_items at least 1")

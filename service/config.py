@@ -1,8 +1,5 @@
-"""The application's configuration: which models to serve and the knobs of the service.
-
-`ServiceConfig` validates the `args` of the Ray Serve application (deploy/serve.yaml,
-`applications[].args`). Model files are loaded only from the locations listed here,
-never from a path a client sends.
+"""The application's configuration, the one owner of the service's defaults: `ServiceConfig` validates the `args`
+of the Ray Serve application (deploy/serve.yaml). Models load only from the locations listed here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The translator deployment: one per model, batching concurrent texts into shared decodes.
-
-Each text of each request becomes one item of a batch queue (service/batching.py), so a
-request with many texts is spread over batches and concurrent requests share them. A batch
-holds texts with equal decoding options (beam size, n-best, length budget) and is one call
-to the engine, run in a worker thread so the replica keeps accepting requests while it
-decodes; the next batch is formed when that call returns, from everything that arrived.
+"""The translator deployment, one per model: it batches concurrent texts into shared decodes (service/batching.py,
+or the engine's continuous scheduler), recomputes explanations by forced decoding and explains one head.
 """
 
 from __future__ import annotations
@@ -22,24 +17,12 @@ from model import DecodingOptions, InputTooLongError, StreamedToken, Translator,
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
+from service.messages import ExplainView, Rejected, TranslateCall
 from service.metrics import replica_identity, service_metrics
 from service.results import attributions_json, explanation_json, hypothesis_json, steps_json
-from service.schemas import MAX_TEXT_CHARS
+from service.schemas import V1_MAX_TEXT_CHARS
 
 logger = logging.getLogger("ray.serve")
-
-@dataclass
-class Rejected:
-    """A request the engine refused (bad input, unknown weights), returned instead of raised.
-
-    The ingress re-raises `error` and maps it like any other; returning it keeps Ray from
-    logging a traceback per invalid request and from wrapping the error in RayTaskError.
-    In a coalesced translate call an unexpected failure of one request is returned this way
-    too (logged here, answered 500), so the other requests of the call still get theirs.
-    """
-
-    error: Exception
-
 
 REFUSALS = (TranslatorError, ExplanationNotFoundError)  # the client's fault: answered 4xx, not logged
 
@@ -51,28 +34,6 @@ async def _rejecting(call: Awaitable[Any]) -> Any:
         return Rejected(error)
 
 
-@dataclass(frozen=True)
-class TranslateCall:
-    """One POST /v1/translate as it travels from the ingress to a translator."""
-
-    texts: list[str]
-    options: DecodingOptions
-    attention: str = "none"  # "none" | "summary" | "full": only changes what is returned
-    source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
-
-
-@dataclass(frozen=True)
-class ExplainView:
-    """What a POST /v1/explain asks to see of a pair, as it travels from the ingress to a translator."""
-
-    kind: str  # the attention whose arithmetic is shown step by step (schemas.AttentionKind)
-    layer: int | None
-    head: int
-    position: int
-    method: str = "attention"  # or an attribution method (schemas.ExplainMethod), whose attributions are added
-    steps: int | None = None  # integrated gradients' steps
-
-
 @dataclass
 class BatchItem:
     text: str
@@ -80,19 +41,26 @@ class BatchItem:
     attention: str  # "none" | "summary" | "full": only changes what is returned
 
 
-@serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 1})
+@serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
 class TranslatorDeployment:
-    """Serves one model: translate (batched), fetch explanations, explain step by step."""
+    """Serves one model: translate (batched), fetch explanations, explain step by step.
+
+    Each text of each request is one item of the batch queue, so a request's texts spread over batches and
+    concurrent requests share them; a batch is one engine call in a worker thread, so the replica keeps
+    accepting requests while it decodes.
+
+    Its arguments are service.config.ServiceConfig's (build_app passes them on), which holds their defaults."""
 
     def __init__(
         self,
         spec: dict,
-        max_batch_size: int = 16,
-        batch_wait_timeout_s: float = 0.01,
-        explanation_secret_env: str = "TRANSLATE_EXPLANATION_SECRET",
-        metrics_dir: str | None = None,
-        scheduler: str = "static",
-        max_rows: int = 64,
+        *,
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        explanation_secret_env: str,
+        metrics_dir: str | None,
+        scheduler: str,
+        max_rows: int,
     ) -> None:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
@@ -115,6 +83,10 @@ class TranslatorDeployment:
             replica,
         ).set(1)
         self.metrics.replica_info.labels(deployment, replica).set(1)
+        runtime = self.translator.runtime_info
+        self.metrics.runtime_info.labels(
+            self.spec.id, runtime["runtime"], runtime["precision"], runtime["cpu"], replica
+        ).set(1)
         self.info_json = {
             "id": self.spec.id,
             "source_lang": self.spec.source_lang,
@@ -123,6 +95,7 @@ class TranslatorDeployment:
             "device": str(self.translator.device),
             "precision": self.translator.precision,
             "explanation_precision": self.translator.explanation_precision,
+            "runtime": runtime,
             "encoder_layers": config.encoder_layers,
             "decoder_layers": config.decoder_layers,
             "encoder_attention_heads": config.encoder_attention_heads,
@@ -132,9 +105,11 @@ class TranslatorDeployment:
             "alignment_head": self.translator.alignment_head[1],
             "alignment_shift": self.translator.alignment_shift,
             "max_source_tokens": config.max_position_embeddings,
-            "max_text_characters": MAX_TEXT_CHARS,
+            "max_text_characters": V1_MAX_TEXT_CHARS,  # /v1's limit
         }
         logger.info("translator %s loaded from %s on %s", self.spec.id, self.spec.path, self.translator.device)
+        logger.info("translator %s decodes with the %s runtime (%s): %s", self.spec.id, runtime["runtime"],
+                    runtime["precision"], runtime["reason"])
 
     def info(self) -> dict[str, Any]:
         return self.info_json
@@ -161,9 +136,9 @@ class TranslatorDeployment:
             source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
         except InputTooLongError as error:
             raise InputTooLongError(
-                f"{error}. A text is limited both to {MAX_TEXT_CHARS} characters and to the model's "
-                f"{self.translator.config.max_position_embeddings} tokens (max_text_characters and "
-                "max_source_tokens in GET /v1/models); split long texts into sentences"
+                f"{error}. A text is limited both to {call.max_text_chars} characters and to the model's "
+                f"{self.translator.config.max_position_embeddings} tokens (max_source_tokens in GET /v1/models); "
+                "split long texts into sentences"
             ) from None
         self._check_length_budget(options)
         for ids in source_ids:

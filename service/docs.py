@@ -1,8 +1,5 @@
 """/docs and /redoc without a CDN: Swagger UI's and ReDoc's files ship in the fastapi-offline package and the
-service serves them itself.
-
-FastAPI's own pages load them from a CDN (ReDoc also Google's fonts) and stay blank offline; the app is built with
-docs_url=None and redoc_url=None, and `add_offline_docs(api)` puts back the same pages, pointing at the local copies.
+service serves them itself (FastAPI's own pages load them from a CDN and stay blank offline).
 """
 
 from importlib.resources import files

@@ -1,11 +1,6 @@
-"""Every HTTP error the service answers is made here: exception → status, code, message.
-
-Routes and middleware raise domain exceptions (the engine's, the explanation ids', and the ones
-below); `describe` alone decides the HTTP status. Bodies are {"error": {"code", "message"}} on /v1;
-the compatibility routes answer in their own families' shapes and statuses (`FAMILIES`, chosen by
-the request's path): LibreTranslate's {"error": "message"} with 400/403/429/500, DeepL's
-{"message": "message"} with 400/403/413/429/503/504. Messages name the problem, never a stack trace,
-a file path or a Ray internal; unexpected exceptions are logged and answered 500.
+"""Every HTTP error the service answers is made here: exception → status, code, message, in /v1's shape
+{"error": {"code", "message"}} or a compatibility route family's own (LibreTranslate's, DeepL's). Messages name
+the problem, never a stack trace; unexpected exceptions are logged and answered 500.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ from starlette.responses import Response
 
 from model import CheckpointError, DecoderBusyError, InputTooLongError, InvalidInputError, UnknownModelError
 from service.explanations import ExplanationIdError, ExplanationNotFoundError
-from service.file_links import FileLinkError
 
 logger = logging.getLogger("ray.serve")
 
@@ -83,6 +77,10 @@ class MissingParameterError(ServiceError):
 
 class InvalidParameterError(ServiceError):
     """A compatibility route's parameter has the wrong type or value, or the body is not a JSON object."""
+
+
+class FileLinkError(ServiceError):
+    """A /download_file/ link (service/compat/file_links.py) malformed, altered or signed with another secret."""
 
 
 class UnsupportedLanguageError(ModelNotServedError):

@@ -1,9 +1,5 @@
-"""Stateless explanation ids: everything needed to recompute an explanation, signed, in a URL-safe string.
-
-An id packs (model id, weights digest, source token ids, target token ids) as varints and
-appends a truncated HMAC-SHA256 tag. Fetching one re-runs a forced decode of those ids on
-the same weights, so any replica can answer it, after restarts and scale-outs, and nothing
-is stored. A truncated, altered or forged id fails verification and is rejected as not found.
+"""Stateless explanation ids: (model id, weights digest, source and target token ids) packed as varints and
+signed (truncated HMAC-SHA256) in a URL-safe string, so any replica recomputes an explanation and nothing is stored.
 """
 
 from __future__ import annotations
@@ -108,7 +104,8 @@ def encode_explanation_id(key: ExplanationKey, secret: bytes) -> str:
 
 
 def decode_explanation_id(explanation_id: str, secret: bytes) -> ExplanationKey:
-    """Verify and unpack an id; ExplanationIdError if malformed, ExplanationNotFoundError if it does not verify."""
+    """Verify and unpack an id; ExplanationIdError if malformed, ExplanationNotFoundError if it does not verify
+    (truncated, altered or forged)."""
     if len(explanation_id) > MAX_ID_CHARS:
         raise ExplanationIdError(f"explanation ids are at most {MAX_ID_CHARS} characters")
     if not _ID_CHARACTERS.match(explanation_id):

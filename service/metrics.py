@@ -1,9 +1,5 @@
-"""Prometheus metrics that add up across replicas: prometheus_client in multiprocess mode.
-
-Every replica process (ingress and translators) writes its samples to memory-mapped files in
-one directory per node; GET /metrics merges the files of all processes on the node, so the
-counts scraped equal the requests served, whichever replica served them. A registry held in
-one process would be invisible to a scrape answered by another (DESIGN.md, Metrics).
+"""Prometheus metrics that add up across replicas: prometheus_client in multiprocess mode, one directory of
+sample files per node, merged by GET /metrics (a registry in one process is invisible to a scrape served by another).
 """
 
 from __future__ import annotations
@@ -125,6 +121,13 @@ class ServiceMetrics:
             "translation_model_info",
             "A translator replica serving a model (value 1).",
             ["model", "source_lang", "target_lang", "weights_digest", "device", "replica"],
+            multiprocess_mode="liveall",
+        )
+        self.runtime_info = Gauge(
+            "translation_runtime_info",
+            "What runs a translator replica's decoding steps (value 1): runtime compiled or eager, the precision of "
+            "its matmuls, and the CPU it chose its kernels on.",
+            ["model", "runtime", "precision", "cpu", "replica"],
             multiprocess_mode="liveall",
         )
         self.replica_info = Gauge(

@@ -1,9 +1,5 @@
-"""One ASGI middleware in front of the routes: metrics, CORS, body size limit, API keys.
-
-It reads its settings from the ingress replica (`app.state.ingress`), so the routes stay a
-module-level FastAPI app while the knobs come from deploy/serve.yaml. Keys come from the headers
-(`Authorization: Bearer`, `Authorization: DeepL-Auth-Key`, `X-API-Key`) or, on LibreTranslate's
-routes, from `api_key` in the query or the body (JSON or form), which is read here within the body limit.
+"""One ASGI middleware in front of the routes: metrics, CORS, the body size limit and API keys (from the headers,
+or on LibreTranslate's routes from `api_key` in the query or the body), with settings read from the ingress replica.
 """
 
 from __future__ import annotations
@@ -113,7 +109,10 @@ def key_is_valid(presented: str | None, accepted: list[str]) -> bool:
 
 
 class ServiceMiddleware:
-    """Counts and times every response, then applies CORS, the body limit and the API keys."""
+    """Counts and times every response, then applies CORS, the body limit and the API keys.
+
+    Its settings come from the ingress replica (`app.state.ingress`), so the routes stay a module-level FastAPI
+    app while the knobs come from deploy/serve.yaml."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -1,7 +1,5 @@
-"""Engine results → JSON-ready dicts (lists and floats): the only place tensors become JSON.
-
-No arithmetic on tensors happens here beyond `.tolist()`; the head average of the
-"summary" map is taken over the plain lists.
+"""Engine results → JSON-ready dicts (lists and floats): the only place tensors become JSON; no arithmetic on
+tensors beyond `.tolist()` (the "summary" head average is taken over the plain lists).
 """
 
 from __future__ import annotations

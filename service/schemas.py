@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from model import ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS, ATTRIBUTION_METHODS, DecodingOptions
 from service.explanations import MAX_ID_CHARS
 
-MAX_TEXTS = 64
-MAX_TEXT_CHARS = 2000
+# /v1's limits (the compatibility routes have their own: service/compat/translation.py).
+V1_MAX_TEXTS = 64  # texts per request
+V1_MAX_TEXT_CHARS = 2000  # characters per text
 MAX_BEAM_SIZE = 8
+DEFAULT_BEAM_SIZE = 4
 MAX_LENGTH = 512
 
 AttentionLevel = Literal["none", "summary", "full"]
@@ -27,11 +29,11 @@ DEFAULT_STEPS, MAX_ATTRIBUTION_STEPS = ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MA
 Text = Annotated[
     str,
     Field(
-        max_length=MAX_TEXT_CHARS,
-        description=f"At most {MAX_TEXT_CHARS} characters and at most the model's max_source_tokens sentencepiece "
-        "tokens (GET /v1/models; 256 for the shipped models, which English text reaches at about 800–950 characters "
-        "and Chinese at about 280–340): answered 413 input_too_long beyond either. With split_sentences (the default) "
-        "the token limit applies to each sentence of the text.",
+        max_length=V1_MAX_TEXT_CHARS,
+        description=f"At most {V1_MAX_TEXT_CHARS} characters and at most the model's max_source_tokens "
+        "sentencepiece tokens (GET /v1/models; 256 for the shipped models, which English text reaches at about "
+        "800–950 characters and Chinese at about 280–340): answered 413 input_too_long beyond either. With "
+        "split_sentences (the default) the token limit applies to each sentence of the text.",
     ),
 ]
 ModelId = Annotated[str, Field(min_length=1, max_length=64, description="A model id from GET /v1/models.")]
@@ -52,8 +54,8 @@ class ModelChoice(BaseModel):
 class TranslateRequest(ModelChoice):
     """POST /v1/translate."""
 
-    texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS, examples=[["The cat sat on the mat."]])
-    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="1 is greedy decoding.")
+    texts: list[Text] = Field(min_length=1, max_length=V1_MAX_TEXTS, examples=[["The cat sat on the mat."]])
+    beam_size: int = Field(DEFAULT_BEAM_SIZE, ge=1, le=MAX_BEAM_SIZE, description="1 is greedy decoding.")
     n_best: int = Field(1, ge=1, le=MAX_BEAM_SIZE, description="Hypotheses per text (best first); at most beam_size.")
     max_length: int | None = Field(
         None, ge=1, le=MAX_LENGTH, description="Most target tokens to generate; default 2 × source + 10."
@@ -124,7 +126,7 @@ class AttentionMaps(BaseModel):
     )
 
 
-class Hypothesis(BaseModel):
+class HypothesisOut(BaseModel):
     text: str
     source_tokens: list[str]
     target_tokens: list[str]
@@ -152,18 +154,18 @@ class Hypothesis(BaseModel):
     )
 
 
-class SentenceTranslation(Hypothesis):
-    alternatives: list[Hypothesis] | None = Field(None, description="The next best hypotheses when n_best > 1.")
+class SentenceTranslationOut(HypothesisOut):
+    alternatives: list[HypothesisOut] | None = Field(None, description="The next best hypotheses when n_best > 1.")
 
 
-class Translation(SentenceTranslation):
+class TranslationOut(SentenceTranslationOut):
     """One text's translation. A text of several sentences (split_sentences) also carries `sentences`; then
     `text` is their translations joined with the text's own spacing, the token, word and alignment lists are
     the sentences' laid end to end (indices into the concatenated lists, each sentence ending in its own </s>),
     `score` is their sum, and explanation_id is null, attention and alternatives absent: those are per sentence.
     """
 
-    sentences: list[SentenceTranslation] | None = Field(
+    sentences: list[SentenceTranslationOut] | None = Field(
         None,
         description="Only for a text split into two or more sentences: each sentence's translation, exactly as "
         "/v1/translate answers that sentence alone (explanation_id, attention and alternatives included).",
@@ -172,7 +174,7 @@ class Translation(SentenceTranslation):
 
 class TranslateResponse(BaseModel):
     model: str
-    translations: list[Translation]
+    translations: list[TranslationOut]
 
 
 class ExplanationResponse(BaseModel):
@@ -224,7 +226,9 @@ class ExplainRequest(ModelChoice):
     position: int = Field(
         0, ge=0, description="Query position: a target token (cross) or a source token (encoder_self)."
     )
-    beam_size: int = Field(4, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation.")
+    beam_size: int = Field(
+        DEFAULT_BEAM_SIZE, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation."
+    )
     method: ExplainMethod = Field(
         "attention",
         description='"attention": the maps and one head step by step (always there). Any other method adds '
@@ -301,6 +305,19 @@ class ExplainResponse(ExplanationResponse):
     attributions: AttributionsOut | None = Field(None, description="Only when a method other than attention is asked.")
 
 
+class RuntimeInfo(BaseModel):
+    runtime: str = Field(description="compiled: one C++ call per decode (model/runtime); eager: the lecture model's "
+                         "own step, where the compiled one could not be built or does not apply (a GPU, bfloat16).")
+    precision: str = Field(description="Of the decoding step's matmuls: float32 or int8 (compiled), else the model's.")
+    reason: str = Field(description="Why: the kernels chosen on this CPU and how long choosing took, or the fallback's "
+                        "cause.")
+    cpu: str = Field(description="The CPU model the kernels were measured on.")
+    threads: int = Field(description="Threads each decode uses.")
+    kernels: dict[str, str] = Field(description="Per matmul (layer.name, output): the kernel for few rows / many rows "
+                                    "(linear, transposed, onednn, int8), measured fastest here when the model loaded.")
+    choice_ms: float = Field(description="Milliseconds the kernel measurement took at load.")
+
+
 class ModelInfo(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
@@ -318,6 +335,10 @@ class ModelInfo(BaseModel):
         description="How explanations (/v1/explain, /v1/explanations) are computed. Under int8 decoding: float32, "
         "by forced decoding of the tokens the int8 search chose; their maps may differ from the alignments and "
         "attention /v1/translate returned (those are the int8 search's) by quantization error.",
+    )
+    runtime: RuntimeInfo | None = Field(
+        None, description="What runs the decoding steps on this replica, and why (the compiled runtime or the eager "
+        "step it falls back to).",
     )
     encoder_layers: int
     decoder_layers: int

@@ -26,8 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.processes import serve_environment, stop_process_group
-from tests.tiny import make_model_dir
+from tests.harness.processes import serve_environment, stop_process_group
+from tests.harness.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "deploy" / "serve.yaml"
@@ -43,6 +43,36 @@ CONTINUOUS = TEST_SCHEDULER == "continuous"
 # Tests of the static batcher's own behaviour (batches, coalesced calls, their metrics).
 static_batcher_only = pytest.mark.skipif(CONTINUOUS, reason="the static batcher's behaviour; continuous has no batches")
 
+
+# ---- float32 bounds between two runs of the same computation ----------------------------------------------------
+FLOAT32_EPS = 2.0**-23  # one ulp of 1.0: float32 keeps 24 significant bits
+
+
+class Tolerance:
+    """How far apart two answers computed by the same float32 arithmetic may be.
+
+    The service computes a number twice when a test compares two answers: the decode against the forced decode of
+    an explanation fetched later, two forced decodes on different replicas, in different batches, on a different
+    kernel path (fused scaled-dot-product attention, or the explicit softmax that returns the encoder's weights), or
+    in this process against a replica (1 thread against 2). A GEMM blocked differently rounds each d_model-term dot
+    product differently by a few ulps; the bounds follow from that, measured on a 2-core AMD EPYC (AVX2, no AMX).
+    """
+
+    # Attention weights lie in [0, 1]: softmaxes over the source positions of scores that went through every layer,
+    # each rounded as above. Two runs differ by a few tens of ulps of 1.0 (at most 2.4e-6, about 20 ulps, between
+    # decode and forced decode or between kernel paths on the tiny models); the bound leaves a factor of 4.
+    ATTENTION = 84 * FLOAT32_EPS  # ≈ 1e-5
+    # Token log-probabilities: log_softmax over the vocabulary, whose logits (magnitude ~10) carry the same relative
+    # rounding; measured at most 3.7e-6 between decode and forced decode.
+    SCORE = 840 * FLOAT32_EPS  # ≈ 1e-4
+    # Gradient attributions and ALTI+ shares: sums of d_model-term products normalised by row totals near 1
+    # (measured at most 6.4e-7 between 1 and 2 threads).
+    ATTRIBUTION = 84 * FLOAT32_EPS  # ≈ 1e-5
+    # Value zeroing: each score is 1 − cosine(clean, corrupted) of two float32 layer outputs, normalised by its
+    # row's total. A rounding difference of a few ulps of 1.0 in the cosine becomes a few FLOAT32_EPS / total after
+    # the normalisation, and the tiny models' rows total as little as 0.004 (FLOAT32_EPS / 0.004 ≈ 3e-5; measured
+    # at most 1.1e-5). Bound: a few ulps of the cosine over the smallest total.
+    VALUE_ZEROING = 3.4 * FLOAT32_EPS / 0.004  # ≈ 1e-4
 
 def _free_port() -> int:
     with socket.socket() as sock:

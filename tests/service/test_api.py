@@ -4,10 +4,13 @@ import math
 
 import pytest
 
+from tests.service.conftest import Tolerance
+
 pytestmark = pytest.mark.slow
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
-TOLERANCE = 1e-4
+# The step-by-step numbers recomputed here in float64 from the float32 vectors the service returns.
+ARITHMETIC_TOLERANCE = 1e-4
 
 
 def translate(client, texts, **options):
@@ -131,20 +134,21 @@ def test_a_fetched_explanation_equals_the_inline_full_attention(client):
     assert explanation["target_tokens"] == translation["target_tokens"]
     assert explanation["translation"] == translation["text"]
     assert explanation["source"] == "The cat sat on the mat."
-    assert max_difference(explanation["cross_attention"], translation["attention"]["cross_attention"]) < TOLERANCE
+    inline = translation["attention"]["cross_attention"]
+    assert max_difference(explanation["cross_attention"], inline) < Tolerance.ATTENTION
     assert explanation["alignment"] == translation["alignment"]
     for key in ("word_alignment", "source_words", "target_words"):  # a permalink shows the same word alignment
         assert explanation[key] == translation[key]
     assert (explanation["alignment_layer"], explanation["alignment_head"]) == (1, 2)
     # every score but a length-capped final </s> (forced, log-probability 0 in search) is the model's own
-    assert max_difference(explanation["token_scores"][:-1], translation["token_scores"][:-1]) < TOLERANCE
+    assert max_difference(explanation["token_scores"][:-1], translation["token_scores"][:-1]) < Tolerance.SCORE
 
 
 def test_an_explanation_is_the_same_from_every_replica(client):
     (translation,) = translate(client, ["We drink water."], max_length=6)["translations"]
     fetched = [client.get(f"/v1/explanations/{translation['explanation_id']}").json() for _ in range(6)]
     for explanation in fetched[1:]:
-        assert max_difference(explanation["cross_attention"], fetched[0]["cross_attention"]) < 1e-6
+        assert max_difference(explanation["cross_attention"], fetched[0]["cross_attention"]) < Tolerance.ATTENTION
 
 
 def test_explanations_work_for_a_model_with_separate_vocabularies(client):
@@ -154,7 +158,8 @@ def test_explanations_work_for_a_model_with_separate_vocabularies(client):
     (translation,) = response.json()["translations"]
     explanation = client.get(f"/v1/explanations/{translation['explanation_id']}").json()
     assert explanation["model"] == "zh-en"
-    assert max_difference(explanation["cross_attention"], translation["attention"]["cross_attention"]) < TOLERANCE
+    inline = translation["attention"]["cross_attention"]
+    assert max_difference(explanation["cross_attention"], inline) < Tolerance.ATTENTION
 
 
 def softmax(values):
@@ -167,11 +172,11 @@ def check_step_arithmetic(steps):
     q, k, v = steps["q"], steps["k"], steps["v"]
     assert len(q) == steps["d_k"] and all(len(row) == steps["d_k"] for row in k + v)
     scores = [sum(a * b for a, b in zip(q, key, strict=True)) for key in k]
-    assert max_difference(steps["scores"], scores) < TOLERANCE
-    assert max_difference(steps["scaled_scores"], [s / math.sqrt(steps["d_k"]) for s in scores]) < TOLERANCE
-    assert max_difference(steps["weights"], softmax(steps["scaled_scores"])) < TOLERANCE
+    assert max_difference(steps["scores"], scores) < ARITHMETIC_TOLERANCE
+    assert max_difference(steps["scaled_scores"], [s / math.sqrt(steps["d_k"]) for s in scores]) < ARITHMETIC_TOLERANCE
+    assert max_difference(steps["weights"], softmax(steps["scaled_scores"])) < ARITHMETIC_TOLERANCE
     output = [sum(w * value[i] for w, value in zip(steps["weights"], v, strict=True)) for i in range(steps["d_k"])]
-    assert max_difference(steps["output"], output) < TOLERANCE
+    assert max_difference(steps["output"], output) < ARITHMETIC_TOLERANCE
 
 
 def test_explain_steps_add_up_and_match_the_cross_attention_map(client):
@@ -182,7 +187,7 @@ def test_explain_steps_add_up_and_match_the_cross_attention_map(client):
     steps = result["steps"]
     assert (steps["kind"], steps["layer"], steps["head"], steps["position"]) == ("cross", 1, 2, 1)
     check_step_arithmetic(steps)
-    assert max_difference(steps["weights"], result["cross_attention"][1][2][1]) < TOLERANCE
+    assert max_difference(steps["weights"], result["cross_attention"][1][2][1]) < Tolerance.ATTENTION
     assert len(steps["x"]) == len(result["source_tokens"]) and len(steps["x_query"]) == len(steps["x"][0])
 
 
@@ -190,7 +195,7 @@ def test_explain_opens_encoder_self_attention_too(client):
     body = {"source": "I like green tea.", **EN_ZH, "kind": "encoder_self", "layer": 0, "head": 3, "position": 2}
     result = client.post("/v1/explain", json=body).json()
     check_step_arithmetic(result["steps"])
-    assert max_difference(result["steps"]["weights"], result["encoder_self_attention"][0][3][2]) < TOLERANCE
+    assert max_difference(result["steps"]["weights"], result["encoder_self_attention"][0][3][2]) < Tolerance.ATTENTION
 
 
 def test_explain_without_a_target_explains_the_models_own_translation(client):
@@ -205,8 +210,10 @@ def test_explain_force_decodes_a_given_target(client):
     assert result["target_tokens"][-1] == "</s>"
     assert result["translation"] == "我喜欢茶。"
     assert len(result["cross_attention"][0][0]) == len(result["target_tokens"])
+    # the fetch runs the encoder through fused attention, /v1/explain through the softmax that also returns the
+    # encoder's weights, perhaps on another replica: equal to float32 rounding (tests/service/conftest.py)
     fetched = client.get(f"/v1/explanations/{result['explanation_id']}").json()
-    assert max_difference(fetched["cross_attention"], result["cross_attention"]) < 1e-6
+    assert max_difference(fetched["cross_attention"], result["cross_attention"]) < Tolerance.ATTENTION
 
 
 def test_explain_by_explanation_id_uses_exactly_the_decoded_tokens(client):
@@ -219,7 +226,8 @@ def test_explain_by_explanation_id_uses_exactly_the_decoded_tokens(client):
     assert result["explanation_id"] == translation["explanation_id"] and result["model"] == "en-zh"
     check_step_arithmetic(result["steps"])
     # The steps' weights are the very row the translation itself returned for that head.
-    assert max_difference(result["steps"]["weights"], translation["attention"]["cross_attention"][1][3][0]) < TOLERANCE
+    inline = translation["attention"]["cross_attention"]
+    assert max_difference(result["steps"]["weights"], inline[1][3][0]) < Tolerance.ATTENTION
 
 
 def test_the_viewer_is_served_at_the_root(client):

@@ -1,5 +1,5 @@
-"""deploy/serve.yaml on a real two-node Ray cluster (tests/cluster.py): placement, both proxies, ids across nodes,
-per-node metrics summed by a real Prometheus, and the worker node lost under load.
+"""deploy/serve.yaml on a real two-node Ray cluster (tests/harness/cluster.py): placement, both proxies, ids
+across nodes, per-node metrics summed by a real Prometheus, and the worker node lost under load.
 
 One cluster for the module: head 127.0.0.2 and worker 127.0.0.3, each its own `ray start` in its own OS session,
 one ingress and one en-zh translator per node, Serve's high-throughput mode (HAProxy). The node-loss test runs
@@ -18,9 +18,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.cluster import Cluster, running_cluster
-from tests.loadgen import is_error_body
-from tests.service.prometheus_text import total
+from tests.harness.cluster import Cluster, running_cluster
+from tests.harness.loadgen import is_error_body
+from tests.harness.prometheus_text import total
 from tests.service.test_prometheus import binary, prometheus_server, query, settled, shipped_job
 
 pytestmark = pytest.mark.slow
@@ -194,7 +194,7 @@ def test_losing_the_worker_node_under_load_costs_no_500_and_no_hang_and_serve_re
     assert killed and not worker.alive()
     # no 500 of any kind: not the service's, and not HAProxy's error page (its 502 rewritten to 500 by Serve's error
     # file) for a request in flight at the lost node's ingress, which HAProxy sends to the head's ingress instead
-    # (tests/cluster.py HAPROXY_RETRY_ON, tests/service/test_haproxy_retry.py, README "Scaling out")
+    # (tests/harness/cluster.py HAPROXY_RETRY_ON, tests/service/test_haproxy_retry.py, README "Scaling out")
     unclean = [o for o in load.outcomes if o[1] not in ("200", "503+retry-after+json")]
     assert not unclean, (unclean, cluster.log_lines("unexpected error", "Traceback", "Error", "was lost"))
     assert max(seconds for _, _, seconds in load.outcomes) <= timeout_s + 1

@@ -212,6 +212,6 @@ def test_without_a_call_limit_every_request_is_its_own_call():
 
 def test_limits_are_validated():
     with pytest.raises(ValueError):
-        Coalescer(Translator().send, size=len, max_calls=-1)
+        Coalescer(Translator().send, size=len, max_calls=-1, max_items=16)
     with pytest.raises(ValueError):
-        Coalescer(Translator().send, size=len, max_items=0)
+        Coalescer(Translator().send, size=len, max_calls=2, max_items=0)

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from service.client import AsyncTranslationClient, ServiceError, TranslationClient
-from tests.service.conftest import CONTINUOUS, serve_config_for_tests, serve_started
-from tests.service.replica_processes import replica_pids
+from tests.harness.replica_processes import replica_pids
+from tests.service.conftest import CONTINUOUS, Tolerance, serve_config_for_tests, serve_started
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
 SHIPPED = "en-zh-shipped"
@@ -80,11 +80,11 @@ def test_concurrent_texts_come_back_as_the_static_scheduler_decodes_them(continu
         for got, expected in zip(response.json()["translations"], static.json()["translations"], strict=True):
             for key in ("text", "target_tokens", "alignment", "word_alignment", "explanation_id"):
                 assert got[key] == expected[key], (body, key)
-            assert got["token_scores"] == pytest.approx(expected["token_scores"], abs=1e-4)
+            assert got["token_scores"] == pytest.approx(expected["token_scores"], abs=Tolerance.SCORE)
             summary, reference = got["attention"]["summary"], expected["attention"]["summary"]
             assert len(summary) == len(reference)
             for row, expected_row in zip(summary, reference, strict=True):
-                assert row == pytest.approx(expected_row, abs=1e-5)
+                assert row == pytest.approx(expected_row, abs=Tolerance.ATTENTION)
 
 
 def test_bad_input_is_refused_as_by_the_static_scheduler(continuous_url):
@@ -114,7 +114,7 @@ def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(c
         assert translation[key] == expected[key], key
     assert [e["index"] for e in tokens] == list(range(len(tokens)))
     assert [e["piece"] for e in tokens] == translation["target_tokens"]
-    assert [e["logprob"] for e in tokens] == pytest.approx(translation["token_scores"], abs=1e-4)
+    assert [e["logprob"] for e in tokens] == pytest.approx(translation["token_scores"], abs=Tolerance.SCORE)
     # each token's attention row: the alignment map at the step that predicted it (as in the explanation)
     with TranslationClient(continuous_url) as client:
         explanation = client.explanation(translation["explanation_id"])
@@ -126,7 +126,7 @@ def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(c
             row = [sum(h[t][s] for h in maps) / len(maps) for s in range(len(maps[0][t]))]
         else:
             row = maps[head][t]
-        assert event["attention"] == pytest.approx(row, abs=1e-5)
+        assert event["attention"] == pytest.approx(row, abs=Tolerance.ATTENTION)
 
 
 def test_a_beam_stream_sends_the_result_only_and_static_streams_never_send_tokens(continuous_url, service_url):
@@ -192,8 +192,9 @@ def test_a_streams_result_carries_the_source_shares_asked_for(continuous_url, se
         translation = result["translation"]
         expected = translate(url, dict(body)).json()["translations"][0]
         assert len(translation["token_source_shares"]) == len(translation["target_tokens"])
-        assert translation["token_source_shares"] == pytest.approx(expected["token_source_shares"], abs=1e-6)
-        assert translation["source_share"] == pytest.approx(expected["source_share"], abs=1e-6)
+        shares = expected["token_source_shares"]
+        assert translation["token_source_shares"] == pytest.approx(shares, abs=Tolerance.ATTRIBUTION)
+        assert translation["source_share"] == pytest.approx(expected["source_share"], abs=Tolerance.ATTRIBUTION)
 
 
 def test_a_stream_whose_replica_dies_mid_answer_ends_with_an_error_event(continuous_url):

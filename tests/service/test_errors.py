@@ -196,7 +196,7 @@ def test_an_invalid_explain_request_is_422(client, body):
 
 
 def test_an_unknown_route_is_404(client):
-    assert_error(client.get("/v3/translate"), 404, "not_found")  # /v2/translate is DeepL's (service/deepl_v2.py)
+    assert_error(client.get("/v3/translate"), 404, "not_found")  # /v2/translate is DeepL's (service/compat/deepl_v2.py)
 
 
 def test_a_wrong_method_is_405(client):

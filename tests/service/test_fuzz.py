@@ -1,12 +1,12 @@
 """Schemathesis against the running service's /openapi.json: no 5xx, every error in the documented shape.
 
-A test-sized run (about 330 generated cases); `python -m bench.fuzz --url URL` runs the 1,000+ case
-version with the same checks (see tests/fuzzing.py).
+A test-sized run (about 330 generated cases); `python -m scripts.fuzz --url URL` runs the 1,000+ case
+version with the same checks (see tests/harness/fuzzing.py).
 """
 
 import pytest
 
-from tests.fuzzing import run_schemathesis
+from tests.harness.fuzzing import run_schemathesis
 
 pytestmark = pytest.mark.slow
 

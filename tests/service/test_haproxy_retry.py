@@ -6,7 +6,7 @@ closed the connection without answering (its process or node lost), but only whe
 request: a POST whose body arrives after its headers (httpx, h11 and most clients write them separately) has been
 forwarded in pieces and is not retried, so it got that 500 (measured: every such request, 10 of 10). HAProxy keeps
 the whole request, and retries it, with `option http-buffer-request`; Serve 2.60 has no setting for it, but writes
-`RAY_SERVE_HAPROXY_RETRY_ON` verbatim into its config's defaults section, so tests/cluster.py's HAPROXY_RETRY_ON
+`RAY_SERVE_HAPROXY_RETRY_ON` verbatim into its config's defaults section, so tests/harness/cluster.py's HAPROXY_RETRY_ON
 (as the Docker image and the KubeRay manifests set it) carries the directive on a line of its own.
 
 Here: the real HAProxy binary Serve runs, on the config Serve's own renderer writes for that environment, in front of
@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster import HAPROXY_RETRY_ON
-from tests.processes import free_port
+from tests.harness.cluster import HAPROXY_RETRY_ON
+from tests.harness.processes import free_port
 
 SERVE_DEFAULT_RETRY_ON = "conn-failure empty-response"  # what the Docker image set before: no buffered requests
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.loadgen import is_error_body
+from tests.harness.loadgen import is_error_body
 
 pytestmark = pytest.mark.slow
 

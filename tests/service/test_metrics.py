@@ -5,8 +5,8 @@ import asyncio
 import httpx
 import pytest
 
+from tests.harness.prometheus_text import by_label, total
 from tests.service.conftest import CONTINUOUS, static_batcher_only
-from tests.service.prometheus_text import by_label, total
 
 pytestmark = pytest.mark.slow
 

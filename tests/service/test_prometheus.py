@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.processes import free_port, stop_process_group
+from tests.harness.processes import free_port, stop_process_group
 
 pytestmark = pytest.mark.slow
 

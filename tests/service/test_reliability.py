@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.loadgen import run_load, translate_bodies
+from tests.harness.loadgen import run_load, translate_bodies
+from tests.harness.replica_processes import replica_pids, started_at
 from tests.service.conftest import API_KEYS
-from tests.service.replica_processes import replica_pids, started_at
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def serving_replicas(client: httpx.Client, port: int, deployment: str, count: in
     that has finished it reports translation_replica_info, per live pid, in /metrics. The oldest serving replica
     is the one every router has known longest: the one to kill when requests must be in flight on it. (Not the
     lowest pid: pids wrap around at pid_max, 32768 on the CI machine.)"""
-    from tests.service.prometheus_text import by_label
+    from tests.harness.prometheus_text import by_label
 
     deadline = time.monotonic() + RECOVERY_S
     while True:
@@ -136,7 +136,7 @@ def en_zh(texts: list[str]) -> dict:
 def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(service_url, client):
     # en-zh has two replicas: a request in flight on the one killed is retried on the other (translate is a pure
     # function of its input), so the clients see only 200s; the ingress counts the calls it sent again
-    from tests.service.prometheus_text import total
+    from tests.harness.prometheus_text import total
 
     port = urlsplit(service_url).port
     victim = serving_replicas(client, port, "translator-en-zh")[0]
@@ -164,7 +164,7 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
 def texts_by_pid(client: httpx.Client, deployment: str, model: str) -> dict[int, float]:
     """Texts each live replica of `deployment` has translated so far, by process id: translation_texts_total's
     replica label joined with translation_replica_info's replica and pid labels."""
-    from tests.service.prometheus_text import by_label, samples
+    from tests.harness.prometheus_text import by_label, samples
 
     text = client.get("/metrics").text
     pids = {
@@ -181,7 +181,7 @@ def test_a_beam_stream_whose_replica_is_killed_before_its_first_event_is_sent_ag
     # the result), so a stream in flight on a killed replica is started again on the other one, as a unary call
     # is: every stream ends with its result, none with an `error` event, and the ingress counts what it resent.
     from service.client import AsyncTranslationClient
-    from tests.service.prometheus_text import total
+    from tests.harness.prometheus_text import total
 
     port = urlsplit(service_url).port
     options = en_zh([])

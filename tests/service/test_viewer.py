@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import CONTINUOUS, serve_config_for_tests, serve_started
+# The page and the test fetch the same explanation in two requests, perhaps from two replicas: equal to float32
+# rounding (Tolerance, tests/service/conftest.py).
+from tests.service.conftest import CONTINUOUS, Tolerance, serve_config_for_tests, serve_started
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
 
@@ -264,7 +266,7 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     assert page.input_value("#rows-select") == "predicts"
     assert "decoder's input" not in note
     for (t, s), value in cells.items():
-        assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
+        assert value == pytest.approx(expected[t][s], abs=Tolerance.ATTENTION), (t, s)
 
     # One chosen layer and head shows exactly that head's weights.
     layer, head = 0, len(attention[0]) - 1
@@ -273,13 +275,14 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     cells = shown_cells(page)
     assert len(cells) == target_count * source_count
     for (t, s), value in cells.items():
-        assert value == pytest.approx(attention[layer][head][t][s], abs=1e-9), (t, s)
+        assert value == pytest.approx(attention[layer][head][t][s], abs=Tolerance.ATTENTION), (t, s)
 
     assert page.locator("#heatmap tbody th button.tok-target").count() == target_count
     assert page.locator("#heatmap th.src-head").count() == source_count
     # Confidence: one probability per target token, exp(log-probability).
     probabilities = numbers(page, "#confidence [data-prob]", "prob")
-    assert probabilities == pytest.approx([2.718281828459045**score for score in explanation["token_scores"]], rel=1e-6)
+    expected_probabilities = [2.718281828459045**score for score in explanation["token_scores"]]
+    assert probabilities == pytest.approx(expected_probabilities, rel=Tolerance.SCORE)
     # The sentencepiece marks shown on tokens ("·" joins a piece to the word before, "␣" a lone space) are explained.
     legend = page.locator("#token-legend")
     assert legend.is_visible() and "·" in legend.inner_text() and "␣" in legend.inner_text()
@@ -316,7 +319,7 @@ def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, shi
             assert "decoder's input" in page.inner_text("#alignment-head-note")
             cells = shown_cells(page)
             for (t, s), value in cells.items():
-                assert value == pytest.approx(raw[min(t + 1, target_count - 1)][s], abs=1e-6), (t, s)
+                assert value == pytest.approx(raw[min(t + 1, target_count - 1)][s], abs=Tolerance.ATTENTION), (t, s)
             # The brightest cell of each row (never the source </s>) is the token the server aligned it with.
             aligned = {t: s for s, t in explanation["alignment"]}
             for t in range(target_count):
@@ -339,12 +342,12 @@ def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, shi
             cells = shown_cells(page)
             assert len(cells) == target_count * source_count
             for (t, s), value in cells.items():
-                assert value == pytest.approx(raw[t][s], abs=1e-9), (t, s)
+                assert value == pytest.approx(raw[t][s], abs=Tolerance.ATTENTION), (t, s)
             assert set(numbers(page, "#align-lines line.aligned", "s", "t")) == lines
             # Another head keeps the chosen rows.
             page.select_option("#head-select", "avg")
             average = head_average(explanation["cross_attention"][layer])
-            assert shown_cells(page)[0, 0] == pytest.approx(average[0][0], abs=1e-6)
+            assert shown_cells(page)[0, 0] == pytest.approx(average[0][0], abs=Tolerance.ATTENTION)
 
             # The note says it in Chinese too.
             page.click("#ui-lang")
@@ -370,7 +373,7 @@ def test_choosing_an_alternative_shows_its_own_explanation(page, api, model):
     cells = shown_cells(page)
     assert len(cells) == len(expected) * len(expected[0])
     for (t, s), value in cells.items():
-        assert value == pytest.approx(expected[t][s], abs=1e-6), (t, s)
+        assert value == pytest.approx(expected[t][s], abs=Tolerance.ATTENTION), (t, s)
     look_at(page, "alternatives-light-en")
 
 
@@ -444,10 +447,10 @@ def test_step_by_step_shows_the_weights_of_the_api(page, api, model, kind):
     view = {"kind": kind, "layer": layer, "head": head, "position": position}
     steps = api.post("/v1/explain", json={"explanation_id": explanation["explanation_id"], **view}).json()["steps"]
     shown = numbers(page, "#step-weights .weight-row", "value")
-    assert shown == pytest.approx(steps["weights"], abs=1e-9)
+    assert shown == pytest.approx(steps["weights"], abs=Tolerance.ATTENTION)
     if kind == "cross":  # the very row of the map the translation's explanation holds
-        assert shown == pytest.approx(explanation["cross_attention"][layer][head][position], abs=1e-5)
-    assert numbers(page, "#step-scores .score-row", "value") == pytest.approx(steps["scores"], abs=1e-9)
+        assert shown == pytest.approx(explanation["cross_attention"][layer][head][position], abs=Tolerance.ATTENTION)
+    assert numbers(page, "#step-scores .score-row", "value") == pytest.approx(steps["scores"], abs=Tolerance.SCORE)
     # Each of the five steps is on the page with its formula.
     assert page.locator("#steps .step .formula").count() == 5
     look_at(page, f"steps-{kind}-light-en")
@@ -498,9 +501,10 @@ def test_the_method_switch_draws_the_apis_attributions_and_switching_back_restor
         assert set(cells) == {(t, s) for t in range(len(expected["source"])) for s in range(len(expected["source"][0]))}
         assert len(expected["source"]) == target_count
         for (t, s), value in cells.items():
-            assert value == pytest.approx(expected["source"][t][s], abs=1e-6), (method, t, s)
+            assert value == pytest.approx(expected["source"][t][s], abs=Tolerance.ATTRIBUTION), (method, t, s)
         # The Σ column: each row's source share; the rest of the row's 1 came from the target prefix.
-        assert numbers(page, "#heatmap td.row-share", "value") == pytest.approx(expected["source_share"], abs=1e-6)
+        shown_shares = numbers(page, "#heatmap td.row-share", "value")
+        assert shown_shares == pytest.approx(expected["source_share"], abs=Tolerance.ATTRIBUTION)
         # The legend says what the numbers are now.
         assert page.locator("#method-note").is_visible()
         assert "target prefix" in page.inner_text("#legend-note")
@@ -548,11 +552,11 @@ def test_the_source_share_bar_marks_tokens_made_mostly_from_the_target_prefix(pa
     }
     translated = api.post("/v1/translate", json=body).json()["translations"][0]
     assert translated["explanation_id"] == explanation_id
-    assert translated["token_source_shares"] == pytest.approx(expected, abs=1e-6)
+    assert translated["token_source_shares"] == pytest.approx(expected, abs=Tolerance.ATTRIBUTION)
 
     shares = numbers(page, "#source-share [data-share]", "share")
     assert len(shares) == len(translated["target_tokens"])  # one mark per target token
-    assert shares == pytest.approx(expected, abs=1e-9)
+    assert shares == pytest.approx(expected, abs=Tolerance.ATTRIBUTION)
     assert low_marks(page) == {t for t, share in enumerate(expected) if share < 0.5}
     for t in {0, len(shares) - 1}:  # each mark's tooltip gives its number
         page.hover(f"#source-share button[data-t='{t}']")

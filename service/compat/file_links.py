@@ -1,12 +1,6 @@
-"""Stateless download links for POST /translate_file: the translated file travels inside its own signed link.
-
-LibreTranslate answers /translate_file with a URL under /download_file/ where it stored the result on
-disk. Storing would tie a download to the replica (and the disk) that translated it, so here the link
-carries the file itself: the file name and translated text, zlib-compressed, signed with a truncated
-HMAC-SHA256 under the service's signing secret (the one explanation ids use), in URL-safe base64. Any
-replica serves it, after restarts and scale-outs, and nothing is stored or expires. The price is the
-link's length, which grows with the file (files are held to LibreTranslate's 20,000-character limit:
-a few kB of link for ordinary text, tens of kB for the largest files).
+"""Stateless download links for POST /translate_file: the translated file travels inside its own signed link
+(file name and text, zlib-compressed, HMAC-signed with the service's signing secret, URL-safe base64), so any
+replica serves it, after restarts and scale-outs, and nothing is stored or expires.
 """
 
 from __future__ import annotations
@@ -19,14 +13,12 @@ import json
 import re
 import zlib
 
+from service.errors import FileLinkError
+
 TAG_BYTES = 12
 MAX_LINK_CHARS = 200_000
 _LINK_CHARACTERS = re.compile(r"^[A-Za-z0-9_-]+$")
 _PURPOSE = b"translate_file:"
-
-
-class FileLinkError(ValueError):
-    """A download id that is malformed, altered or signed with another secret."""
 
 
 def encode_file_link(filename: str, text: str, secret: bytes) -> str:
@@ -51,4 +43,4 @@ def decode_file_link(link: str, secret: bytes) -> tuple[str, str]:
     return filename, text
 
 
-__all__ = ["FileLinkError", "decode_file_link", "encode_file_link"]
+__all__ = ["decode_file_link", "encode_file_link"]

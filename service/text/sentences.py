@@ -1,14 +1,5 @@
-"""Long texts are translated sentence by sentence and joined back with their own spacing.
-
-The models are trained on sentences and accept a few hundred tokens, so a text is cut into
-lines, each line into sentences (sentencex: rules for English, Chinese and ~300 other languages,
-full-width 。！？ included), and a sentence still too long for the model at clause punctuation or
-spaces. Every piece keeps the whitespace around it, so `join` puts the translations back where the
-sentences were. Spacing rule: the whitespace between two sentences is kept as it was (line breaks
-and indentation included), except that spaces and tabs before a line break, or making up the whole
-gap, are dropped when the target language writes sentences without spaces (Chinese, Japanese), and
-one space is put between two sentences that had none (a Chinese source) when the target language
-separates sentences by spaces.
+"""Texts cut into lines and sentences (sentencex), each piece keeping the whitespace around it, and translations
+joined back with the text's own spacing.
 """
 
 from __future__ import annotations
@@ -18,7 +9,7 @@ from dataclasses import dataclass
 
 import sentencex
 
-from service.languages import UNSPACED
+from service.text.languages import UNSPACED
 
 # A sentence longer than this is cut further (at clause punctuation, else at spaces, else anywhere):
 # about 150 tokens for English, within the shipped models' 256, and about 200 for Chinese.
@@ -78,7 +69,13 @@ def split(text: str, language: str, cut_long: bool = True) -> list[Piece]:
 
 
 def join(pieces: list[Piece], translations: list[str], target_language: str) -> str:
-    """The translated text: each piece's translation in place of its sentence, spacing per the rule above."""
+    """The translated text: each piece's translation in place of its sentence.
+
+    The whitespace between two sentences is kept as it was (line breaks and indentation included), except that
+    spaces and tabs before a line break, or making up the whole gap, are dropped when the target language writes
+    sentences without spaces (Chinese, Japanese), and one space is put between two sentences that had none (a
+    Chinese source) when the target language separates sentences by spaces.
+    """
     unspaced = target_language.split("-")[0] in UNSPACED
     out: list[str] = []
     previous_after: str | None = None

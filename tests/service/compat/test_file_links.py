@@ -1,8 +1,9 @@
-"""service/file_links.py: a download link carries its file, and only links signed with the secret open."""
+"""service/compat/file_links.py: a download link carries its file, and only links signed with the secret open."""
 
 import pytest
 
-from service.file_links import FileLinkError, decode_file_link, encode_file_link
+from service.compat.file_links import decode_file_link, encode_file_link
+from service.errors import FileLinkError
 
 SECRET = b"test-secret"
 

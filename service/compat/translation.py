@@ -1,13 +1,6 @@
-"""What LibreTranslate's and DeepL's routes share: reading their bodies, and translating texts through the ingress.
-
-Both APIs take a list of texts, a source language or none ("auto"), a target language and a format.
-`translate_texts` resolves the languages (service/languages.py), detects each text's language when
-asked, cuts every text into sentences (service/sentences.py; HTML is read as runs of prose whose
-inline tags are placed back by the alignment, service/markup.py and service/inline_tags.py), sends
-all sentences for one model as one TranslateCall through the same coalescer, in-flight limit and
-timeout as /v1/translate (so attention and explanations stay per sentence), and joins the
-translations back. The routes themselves live in service/libretranslate.py and service/deepl_v2.py;
-both are mounted on the ingress's FastAPI app.
+"""The translation path LibreTranslate's and DeepL's routes share: reading their bodies, their limits, and
+translating client texts (languages resolved or detected, texts cut into sentences, HTML tags placed back)
+through the service's TranslationBackend.
 """
 
 from __future__ import annotations
@@ -15,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field, replace
-from functools import partial
 from html import escape
 from typing import Any
 
@@ -23,19 +15,22 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from model import DecodingOptions
-from service.deployments import TranslateCall
+from service.compat.backend import TranslationBackend
 from service.errors import InvalidParameterError, UnsupportedLanguageError
-from service.inline_tags import place
-from service.languages import Detection, detect, name_of, resolve
-from service.markup import Block, InlineElement, Markup, parse_markup
-from service.schemas import MAX_BEAM_SIZE
-from service.sentences import Piece, join, split
+from service.messages import TranslateCall
+from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
+from service.text.inline_tags import place
+from service.text.languages import Detection, detect, name_of, resolve
+from service.text.markup import Block, InlineElement, Markup, parse_markup
+from service.text.sentences import Piece, join
+from service.text.split_texts import text_pieces
 
-MAX_TEXTS = 128  # texts per request
-MAX_TEXT_CHARS = 20_000  # characters per text (LibreTranslate's charLimit); each sentence also within the model's
-MAX_TOTAL_CHARS = 100_000  # characters per request
+# The compatibility routes' limits (LibreTranslate's and DeepL's clients send long texts; /v1's own limits are
+# schemas.V1_MAX_TEXTS and V1_MAX_TEXT_CHARS). Each text is cut into sentences within the model's length.
+COMPAT_MAX_TEXTS = 128  # texts per request
+COMPAT_MAX_TEXT_CHARS = 20_000  # characters per text (LibreTranslate's charLimit)
+COMPAT_MAX_TOTAL_CHARS = 100_000  # characters per request
 MAX_ALTERNATIVES = MAX_BEAM_SIZE - 1
-BEAM_SIZE = 4  # /v1/translate's default, so that the same sentence gets the same translation on both
 
 
 @dataclass
@@ -80,61 +75,67 @@ def text_list(value: Any, name: str) -> tuple[list[str], bool]:
     texts = value if isinstance(value, list) else [value]
     if not all(isinstance(text, str) for text in texts):
         raise InvalidParameterError(f"Invalid request: {name} must be a string or a list of strings")
-    if len(texts) > MAX_TEXTS:
-        raise InvalidParameterError(f"Invalid request: request ({len(texts)}) exceeds text limit ({MAX_TEXTS})")
+    if len(texts) > COMPAT_MAX_TEXTS:
+        raise InvalidParameterError(f"Invalid request: request ({len(texts)}) exceeds text limit ({COMPAT_MAX_TEXTS})")
     for text in texts:
-        if len(text) > MAX_TEXT_CHARS:
-            raise InvalidParameterError(f"Invalid request: request ({len(text)}) exceeds text limit ({MAX_TEXT_CHARS})")
+        if len(text) > COMPAT_MAX_TEXT_CHARS:
+            raise InvalidParameterError(
+                f"Invalid request: request ({len(text)}) exceeds text limit ({COMPAT_MAX_TEXT_CHARS})"
+            )
     total = sum(len(text) for text in texts)
-    if total > MAX_TOTAL_CHARS:
-        raise InvalidParameterError(f"Invalid request: request ({total}) exceeds character limit ({MAX_TOTAL_CHARS})")
+    if total > COMPAT_MAX_TOTAL_CHARS:
+        raise InvalidParameterError(
+            f"Invalid request: request ({total}) exceeds character limit ({COMPAT_MAX_TOTAL_CHARS})"
+        )
     return texts, isinstance(value, list)
 
 
-def served_languages(ingress: Any) -> tuple[frozenset[str], frozenset[str]]:
+def served_languages(backend: TranslationBackend) -> tuple[frozenset[str], frozenset[str]]:
     """(source languages, target languages) of the served models."""
-    specs = ingress.specs.values()
-    return frozenset(s.source_lang for s in specs), frozenset(s.target_lang for s in specs)
+    pairs = backend.language_pairs()
+    return frozenset(p.source_lang for p in pairs), frozenset(p.target_lang for p in pairs)
 
 
-def pairs_text(ingress: Any) -> str:
-    return ", ".join(f"{s.source_lang}→{s.target_lang}" for s in ingress.specs.values())
+def pairs_text(backend: TranslationBackend) -> str:
+    return ", ".join(f"{p.source_lang}→{p.target_lang}" for p in backend.language_pairs())
 
 
-def targets_of(ingress: Any, source: str) -> list[str]:
-    return sorted({s.target_lang for s in ingress.specs.values() if s.source_lang == source})
+def targets_of(backend: TranslationBackend, source: str) -> list[str]:
+    return sorted({p.target_lang for p in backend.language_pairs() if p.source_lang == source})
 
 
-def resolve_target(ingress: Any, target: str) -> str:
-    code = resolve(target, served_languages(ingress)[1])
+def resolve_target(backend: TranslationBackend, target: str) -> str:
+    code = resolve(target, served_languages(backend)[1])
     if code is None:
-        raise UnsupportedLanguageError(f"{target} is not supported (served: {pairs_text(ingress)})")
+        raise UnsupportedLanguageError(f"{target} is not supported (served: {pairs_text(backend)})")
     return code
 
 
-def resolve_source(ingress: Any, source: str) -> str:
-    code = resolve(source, served_languages(ingress)[0])
+def resolve_source(backend: TranslationBackend, source: str) -> str:
+    code = resolve(source, served_languages(backend)[0])
     if code is None:
-        raise UnsupportedLanguageError(f"{source} is not supported (served: {pairs_text(ingress)})")
+        raise UnsupportedLanguageError(f"{source} is not supported (served: {pairs_text(backend)})")
     return code
 
 
-async def detect_texts(ingress: Any, texts: list[str]) -> list[list[Detection]]:
+async def detect_texts(backend: TranslationBackend, texts: list[str]) -> list[list[Detection]]:
     """Each text's candidates among the served source languages, most confident first."""
-    sources = served_languages(ingress)[0]
+    sources = served_languages(backend)[0]
     return await asyncio.to_thread(lambda: [detect(text, sources) for text in texts])
 
 
-def _model_for(ingress: Any, source: str, target: str, detection: Detection | None) -> str:
-    for spec in ingress.specs.values():
-        if spec.source_lang == source and spec.target_lang == target:
-            return spec.id
+def _model_for(backend: TranslationBackend, source: str, target: str, detection: Detection | None) -> str:
+    for pair in backend.language_pairs():
+        if pair.source_lang == source and pair.target_lang == target:
+            return pair.model
     found = (
         f"the text was detected as {name_of(source)} ({source}, confidence {detection.confidence:g}); "
         if detection is not None
         else ""
     )
-    raise UnsupportedLanguageError(f"{found}no model translates {source}→{target} here (served: {pairs_text(ingress)})")
+    raise UnsupportedLanguageError(
+        f"{found}no model translates {source}→{target} here (served: {pairs_text(backend)})"
+    )
 
 
 @dataclass
@@ -149,14 +150,6 @@ class _Job:
     def joined(self, rank: int, target: str) -> str:
         """The unit's translation from each sentence's `rank`-th hypothesis (or its last one)."""
         return join(self.pieces, [options[min(rank, len(options) - 1)] for options in self.translations], target)
-
-
-def _pieces(text: str, source: str, split_sentences: bool) -> list[Piece]:
-    if split_sentences:
-        return split(text, source)
-    stripped = text.strip()
-    start = text.index(stripped) if stripped else len(text)
-    return [Piece(text[:start], stripped, text[start + len(stripped) :])]
 
 
 @dataclass
@@ -215,7 +208,7 @@ def _sentence_elements(block: Block, pieces: list[Piece]) -> list[list[InlineEle
 
 
 async def translate_texts(
-    ingress: Any,
+    backend: TranslationBackend,
     texts: list[str],
     source: str | None,
     target: str,
@@ -227,22 +220,23 @@ async def translate_texts(
     """Translate client texts: source None detects each text's language among the served ones."""
     if not 0 <= alternatives <= MAX_ALTERNATIVES:
         raise InvalidParameterError(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
-    target_code = resolve_target(ingress, target)
+    target_code = resolve_target(backend, target)
     markups: list[Markup | None] = [parse_markup(text) if html else None for text in texts]
     detections: list[Detection | None]
     if source is None:
         plain = [markup.text if markup is not None else text for markup, text in zip(markups, texts)]
-        detections = [candidates[0] for candidates in await detect_texts(ingress, plain)]
+        detections = [candidates[0] for candidates in await detect_texts(backend, plain)]
         sources = [detection.language for detection in detections]
     else:
-        code = resolve_source(ingress, source)
+        code = resolve_source(backend, source)
         detections = [None] * len(texts)
         sources = [code] * len(texts)
 
     def job(text: str, language: str, detection: Detection | None) -> _Job:
-        pieces = _pieces(text, language, split_sentences)
+        # texts up to COMPAT_MAX_TEXT_CHARS: a sentence too long for the model is cut further rather than refused
+        pieces = text_pieces(text, language, split_sentences, cut_long=True)
         needs_model = any(piece.sentence for piece in pieces)
-        return _Job(_model_for(ingress, language, target_code, detection) if needs_model else "", pieces)
+        return _Job(_model_for(backend, language, target_code, detection) if needs_model else "", pieces)
 
     def node_jobs(entry: _HtmlText, block: int, language: str, detection: Detection | None) -> list[_Job]:
         units = [part for part in entry.markup.blocks[block].parts if isinstance(part, int)]
@@ -269,7 +263,7 @@ async def translate_texts(
                 pending.extend(node_jobs(entry, index, language, detection))
         plain_jobs.append(None)
         html_texts.append(entry)
-    await _translate_jobs(ingress, pending, alternatives + 1)
+    await _translate_jobs(backend, pending, alternatives + 1)
     retry: list[_Job] = []  # blocks whose tags could not be placed: their text nodes, translated apart
     for entry, language, detection in zip(html_texts, sources, detections):
         if entry is not None:
@@ -277,7 +271,7 @@ async def translate_texts(
                 del entry.block_jobs[block]
                 retry.extend(node_jobs(entry, block, language, detection))
     if retry:
-        await _translate_jobs(ingress, retry, alternatives + 1)
+        await _translate_jobs(backend, retry, alternatives + 1)
     results = []
     for plain_job, entry, language, detection in zip(plain_jobs, html_texts, sources, detections):
         if entry is not None:  # as LibreTranslate: no alternatives for HTML
@@ -294,9 +288,10 @@ async def translate_texts(
     return results
 
 
-async def _translate_jobs(ingress: Any, jobs: list[_Job], n_best: int) -> None:
+async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best: int) -> None:
     """All sentences for one model leave as one TranslateCall; the models' calls run concurrently."""
-    options = DecodingOptions(beam_size=max(BEAM_SIZE, n_best), n_best=n_best)
+    # /v1/translate's default beam, so that a sentence gets the same translation on both APIs
+    options = DecodingOptions(beam_size=max(DEFAULT_BEAM_SIZE, n_best), n_best=n_best)
     by_model: dict[str, list[tuple[_Job, int]]] = {}
     for job in jobs:
         job.translations = [[""] for _ in job.pieces]
@@ -306,8 +301,9 @@ async def _translate_jobs(ingress: Any, jobs: list[_Job], n_best: int) -> None:
                 by_model.setdefault(job.model, []).append((job, index))
 
     async def run(model: str, places: list[tuple[_Job, int]]) -> None:
-        call = TranslateCall(texts=[job.pieces[index].sentence for job, index in places], options=options)
-        outcomes = await ingress.call(partial(ingress.coalescers[model].submit, call))
+        sentences = [job.pieces[index].sentence for job, index in places]
+        call = TranslateCall(texts=sentences, options=options, max_text_chars=COMPAT_MAX_TEXT_CHARS)
+        outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):
             job.translations[index] = [outcome["text"]] + [other["text"] for other in outcome.get("alternatives") or []]
             job.best[index] = outcome
@@ -316,9 +312,10 @@ async def _translate_jobs(ingress: Any, jobs: list[_Job], n_best: int) -> None:
 
 
 __all__ = [
+    "COMPAT_MAX_TEXT_CHARS",
+    "COMPAT_MAX_TEXTS",
+    "COMPAT_MAX_TOTAL_CHARS",
     "MAX_ALTERNATIVES",
-    "MAX_TEXT_CHARS",
-    "MAX_TEXTS",
     "TextTranslation",
     "detect_texts",
     "request_fields",

@@ -1,40 +1,36 @@
-"""POST /v1/translate's sentence splitting: a text of several sentences is decoded sentence by sentence.
-
-With `split_sentences` (the default) each text is cut into lines and sentences by service/sentences.py
-(at sentence ends only: a single sentence longer than the model accepts is still refused with 413), and
-every sentence of every text goes to the model as a separate text of the same call. A text of one
-sentence (or a blank one) goes whole, exactly as without splitting, and its answer is unchanged. A text
-of two or more sentences is answered as one translation object:
-
-- `text`: the sentences' translations joined with the text's own spacing (service/sentences.py's rule,
-  the same as the LibreTranslate and DeepL routes);
-- `sentences`: one full translation object per sentence (tokens, scores, alignments, words, its own
-  `explanation_id`, `attention` when asked, `alternatives` when n_best > 1), each equal to what
-  /v1/translate answers for that sentence alone;
-- the top-level token fields describe the whole text as the sentences laid end to end: `source_tokens`,
-  `target_tokens`, `token_scores`, `source_words`, `target_words` are the sentences' lists concatenated
-  (each sentence's tokens end with its own `</s>`), `alignment` and `word_alignment` index into those
-  concatenated lists, and `score` is the sum of the sentences' scores (with source_share, likewise
-  `token_source_shares`, and `source_share` is their mean);
-- `explanation_id` is null and `attention` and `alternatives` are absent: an explanation is one decode,
-  so they are given per sentence.
+"""Sentence splitting of client texts: `text_pieces`, the one splitter /v1/translate and the compatibility routes
+share, and how /v1 decodes a text of several sentences sentence by sentence and answers it as one translation
+object laid end to end (`plan_texts`, `model_texts`, `assemble`; the shape schemas.TranslationOut documents).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from service.sentences import Piece, join, split
+from service.text.sentences import Piece, join, split
 
 # The pair lists and the lists their [source_index, target_index] pairs point into.
 _INDEXED = {"alignment": ("source_tokens", "target_tokens"), "word_alignment": ("source_words", "target_words")}
+
+
+def text_pieces(text: str, language: str, split_sentences: bool = True, cut_long: bool = False) -> list[Piece]:
+    """A text's sentences with the whitespace around them; split_sentences False: the whole text, one piece.
+
+    cut_long also cuts a sentence longer than the model accepts (at clause breaks or spaces); without it such
+    a sentence stays whole and the model refuses it (413).
+    """
+    if split_sentences:
+        return split(text, language, cut_long=cut_long)
+    stripped = text.strip()
+    start = text.index(stripped) if stripped else len(text)
+    return [Piece(text[:start], stripped, text[start + len(stripped) :])]
 
 
 def plan_texts(texts: list[str], language: str, split_sentences: bool) -> list[list[Piece] | None]:
     """Per text: its sentence pieces when it has two or more sentences, else None (it goes whole)."""
     plans: list[list[Piece] | None] = []
     for text in texts:
-        pieces = split(text, language, cut_long=False) if split_sentences else []
+        pieces = text_pieces(text, language, split_sentences)
         plans.append(pieces if sum(1 for piece in pieces if piece.sentence) > 1 else None)
     return plans
 
@@ -91,4 +87,4 @@ def _joined(pieces: list[Piece], sentences: list[dict], target_language: str) ->
     return result
 
 
-__all__ = ["assemble", "model_texts", "plan_texts"]
+__all__ = ["assemble", "model_texts", "plan_texts", "text_pieces"]

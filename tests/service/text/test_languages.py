@@ -1,8 +1,8 @@
-"""service/languages.py: clients' language codes, and detection among the served languages only."""
+"""service/text/languages.py: clients' language codes, and detection among the served languages only."""
 
 import pytest
 
-from service.languages import detect, resolve
+from service.text.languages import detect, resolve
 
 SERVED = frozenset({"en", "zh"})
 

@@ -1,8 +1,8 @@
-"""service/sentences.py: texts cut into sentences that join back with their own spacing."""
+"""service/text/sentences.py: texts cut into sentences that join back with their own spacing."""
 
 import pytest
 
-from service.sentences import MAX_PIECE_CHARS, join, split
+from service.text.sentences import MAX_PIECE_CHARS, join, split
 
 TEXTS = [
     ("Hello Mr. Smith. How are you?  I'm fine.\nNew line here", "en"),

@@ -1,9 +1,5 @@
-"""Language codes as clients spell them, and language detection restricted to the served languages.
-
-LibreTranslate clients send "zh", "zh-Hans" or "zh_CN"; DeepL clients "ZH", "ZH-HANS", "EN-US". All of
-them resolve here to the codes deploy/serve.yaml gives the models (`source_lang`, `target_lang`).
-Detection uses lingua (lingua-language-detector) with only the languages some model translates from,
-so a text is never "detected" as a language nothing here can translate.
+"""Language codes as clients spell them ("zh-Hans", "ZH", "EN-US") resolved to the served codes, and language
+detection (lingua) restricted to the languages some model translates from.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""HTML in, HTML out: the text nodes are translated, tags, attributes, comments and entities' meaning kept.
-
-`parse_markup` reads a fragment with the standard library's tolerant parser and keeps every tag as
-the client wrote it (start tags byte for byte, end tags as `</name>`). The fragment becomes raw markup
-and blocks: a block is a run of text nodes and inline tags (`INLINE_ELEMENTS`: b, i, em, strong, a,
-span, …) with no other tag, comment or untranslated content inside; its `text` is what a reader reads
-as one piece of prose, and its `elements` say which characters of that text each inline element
-wraps. The contents of script, style, code, pre, textarea and of elements marked translate="no" or
-class="notranslate" are not translated. How inline tags are put back into a translation is decided
-in service/compat.py and service/inline_tags.py; `render` with per-text-node translations is the
-rule that always holds: a tag stays between the same two text nodes, so `I like <b>cats</b>.` is
-translated as the three units "I like ", "cats" and "."; the markup can never break. The output is
-well-formed whenever the input was, and escapes &, < and > in the translated text.
+"""HTML in, HTML out: a fragment parsed into raw markup and blocks of prose whose text nodes are translated, with
+every tag, attribute, comment and entity kept; `render` puts the translations back and never breaks the markup.
 """
 
 from __future__ import annotations
@@ -163,6 +152,15 @@ class _Reader(HTMLParser):
 
 
 def parse_markup(fragment: str) -> Markup:
+    """A fragment as raw markup and blocks, read with the standard library's tolerant parser.
+
+    Every tag is kept as the client wrote it (start tags byte for byte, end tags as `</name>`). A block is a run of
+    text nodes and inline tags (INLINE_ELEMENTS: b, i, em, strong, a, span, …) with no other tag, comment or
+    untranslated content inside; its `text` is what a reader reads as one piece of prose, its `elements` say which
+    characters each inline element wraps. The contents of script, style, code, pre, textarea and of elements marked
+    translate="no" or class="notranslate" are not translated. `render` with per-text-node translations always
+    holds the markup: a tag stays between the same two text nodes; the output escapes &, < and > in translations.
+    """
     reader = _Reader()
     reader.feed(fragment)
     reader.close()

@@ -1,22 +1,5 @@
-"""Inline tags put back into a translated sentence where the alignment says their words went.
-
-A sentence with inline elements (service/markup.py's blocks: `I like <b>big cats</b>.`) is translated
-once as plain text; each element is then placed in the translation by the token alignment the
-translator returns (`alignment`: per target token, the source token the alignment head weighs most):
-
-1. the element wraps the source tokens whose characters lie inside it (a token cut by the element's
-   edge, e.g. `un<b>believ</b>able` split differently by sentencepiece, gives up on the sentence);
-2. it is placed around the smallest contiguous stretch of the translation that covers every target
-   token aligned to those source tokens, widened to whole words where a target token is part of a
-   word (letters or digits outside CJK scripts);
-3. an element with no aligned target token (or no words) is kept empty, right after the target
-   tokens of the nearest source token before it that has any (else right before those of the nearest
-   one after it, else at the start), moved past any placed element it would fall inside;
-4. when two elements' stretches overlap, or tokens cannot be found in the texts, `place` answers None
-   and the caller falls back to translating the text nodes separately (service/markup.py's rule).
-
-Tokens are found in the texts in order after NFKC normalization (what sentencepiece applies), so
-full-width punctuation restored in Chinese output is found too. Start tags are copied byte for byte.
+"""Inline tags (`I like <b>big cats</b>.`) put back into a sentence's translation where the token alignment says
+their words went (`place`); None when they cannot be placed, and the caller translates the text nodes apart.
 """
 
 from __future__ import annotations
@@ -25,7 +8,7 @@ import html
 import unicodedata
 from typing import Any
 
-from service.markup import InlineElement
+from service.text.markup import InlineElement
 
 WORD_BOUNDARY = "\u2581"
 
@@ -79,6 +62,16 @@ def place(source: str, elements: list[InlineElement], translation: dict[str, Any
     """The translation of `source` as HTML with each element placed by the alignment; None: cannot be placed.
 
     `elements` carry offsets into `source`; `translation` is a /v1 translation object (text, tokens, alignment).
+    1. An element wraps the source tokens whose characters lie inside it (a token cut by the element's edge
+       gives up on the sentence).
+    2. It is placed around the smallest contiguous stretch of the translation that covers every target token
+       aligned to those source tokens, widened to whole words (letters or digits outside CJK scripts).
+    3. An element with no aligned target token is kept empty, right after the target tokens of the nearest
+       source token before it that has any (else right before those of the nearest one after it, else at the
+       start), moved past any placed element it would fall inside.
+    4. When two elements' stretches overlap, or tokens cannot be found in the texts, the answer is None.
+    Tokens are found in the texts in order after NFKC normalization (what sentencepiece applies); start tags
+    are copied byte for byte.
     """
     target = translation["text"]
     source_spans = locate(translation["source_tokens"], source)

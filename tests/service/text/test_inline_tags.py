@@ -1,11 +1,11 @@
-"""service/inline_tags.py: inline elements placed around the target words aligned to the words they wrapped.
+"""service/text/inline_tags.py: inline elements placed around the target words aligned to the words they wrapped.
 
 These use hand-made translation objects whose alignment is stated in the test; the running service's
-own alignments are the oracle in test_html_tags.py.
+own alignments are the oracle in tests/service/compat/test_html_tags.py.
 """
 
-from service.inline_tags import locate, place
-from service.markup import InlineElement
+from service.text.inline_tags import locate, place
+from service.text.markup import InlineElement
 
 SOURCE = "I like big cats."
 TRANSLATION = {

@@ -1,8 +1,8 @@
-"""service/markup.py: HTML text nodes translated, every tag and attribute kept."""
+"""service/text/markup.py: HTML text nodes translated, every tag and attribute kept."""
 
 import re
 
-from service.markup import parse_markup
+from service.text.markup import parse_markup
 
 TAG = re.compile(r"<[^>]+>")
 

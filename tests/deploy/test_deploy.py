@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.app import build_app
+from service.app import Ingress, build_app
 from service.config import ServiceConfig, translator_deployment_name
+from service.deployments import TranslatorDeployment
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
@@ -66,6 +67,19 @@ def test_translators_take_at_least_a_full_batch_of_requests(serve_config):
 
 
 @each_serve_config
+def test_every_deployment_states_its_options_in_the_serve_config(serve_config):
+    (application,) = serve_config["applications"]
+    for deployment in application["deployments"]:
+        assert "max_ongoing_requests" in deployment and "num_cpus" in deployment["ray_actor_options"], deployment
+        assert "num_replicas" in deployment or "autoscaling_config" in deployment, deployment
+
+
+def test_the_code_sets_no_deployment_options_the_serve_config_owns():
+    for deployment in (Ingress, TranslatorDeployment):
+        assert deployment._deployment_config.user_configured_option_names == set(), deployment.name
+
+
+@each_serve_config
 def test_the_serve_config_serves_on_port_8000(serve_config):
     assert serve_config["http_options"]["port"] == 8000
 
@@ -112,7 +126,7 @@ def test_the_drift_check_catches_a_changed_argument():
 
 @pytest.mark.parametrize("serve_config", [SERVE_CONFIG, SERVE_GPU_CONFIG], ids=["cpu", "gpu"])
 def test_the_shipped_models_are_served_in_float32(serve_config):
-    """float32 on the GPU too: there the shipped models' outputs equal the CPU's (bench/gpu_check.py measured
+    """float32 on the GPU too: there the shipped models' outputs equal the CPU's (bench/gpu/check.py measured
     100% identical ids) and float16 was no faster on models this small (launch-bound), at 99.4-99.6%."""
     (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
@@ -206,7 +220,7 @@ def test_prometheus_scrapes_the_service_metrics_route():
 
 
 def test_the_service_package_imports_no_tensor_library_at_module_level():
-    for path in (REPO / "service").glob("*.py"):
+    for path in (REPO / "service").rglob("*.py"):
         source = path.read_text()
         assert not re.search(r"^(import torch|from torch)", source, re.MULTILINE), path
         assert not re.search(r"^\s*(import|from) transformers", source, re.MULTILINE), path
