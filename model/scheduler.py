@@ -480,9 +480,10 @@ class Scheduler:
             padded[i, : lengths[i]] = torch.tensor(request.source_ids, dtype=torch.long)
         padded = padded.to(self.device)
         mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-        encoder = self.model.encode(padded, mask)
+        runtime = self.decoder_step if hasattr(self.decoder_step, "encode") else None
+        hidden = self.model.encode(padded, mask).hidden if runtime is None else runtime.encode(padded, mask)
         repeat = torch.tensor([r.beams for r in joining], device=self.device)
-        keys, values = self.model.cross_key_values(encoder.hidden, repeat)  # each request's on its k rows
+        keys, values = (runtime or self.model).cross_key_values(hidden, repeat)  # each request's on its k rows
         row_lengths = [length for request, length in zip(joining, lengths, strict=True) for _ in range(request.beams)]
         self.cache.join(
             keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining), row_lengths

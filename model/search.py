@@ -33,7 +33,7 @@ from torch import Tensor
 
 from model.options import DecodingOptions
 from model.topk import row_topk
-from model.transformer import Transformer, additive_mask
+from model.transformer import EncoderOutput, Transformer, additive_mask
 
 NEG_INF = -1.0e9
 CHECK_EVERY_GPU = 8  # decoding steps between reads of which inputs are done, on a GPU
@@ -151,7 +151,9 @@ def beam_search(
         padded[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     padded = padded.to(device)
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
-    encoder = model.encode(padded, mask)
+    encoder = model.encode(padded, mask) if step is None or not hasattr(step, "encode") else (
+        EncoderOutput(step.encode(padded, mask), mask)  # the runtime's encoder: the same arithmetic, its kernels
+    )
     capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
     if options.beam_size == 1:
         return _greedy(model, step, encoder, lengths, budgets, options, capture)
@@ -327,9 +329,11 @@ def _compiled_loop(step, capture: _Capture):
     return loops if loops is not None and capture.check_every == 1 else None
 
 
-def _cross_inputs(model: Transformer, encoder, beams: int) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+def _cross_inputs(
+    model: Transformer, step, encoder, beams: int
+) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
     """Cross-attention K/V on each source's `beams` rows and the additive source mask, as `start_cache` makes them."""
-    keys, values = model.cross_key_values(encoder.hidden, beams)
+    keys, values = (step if hasattr(step, "cross_key_values") else model).cross_key_values(encoder.hidden, beams)
     mask = additive_mask(encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :], encoder.hidden.dtype)
     return keys, values, mask
 
@@ -356,7 +360,7 @@ def _greedy(
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::greedy)
         out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
-            *_cross_inputs(model, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
+            *_cross_inputs(model, step, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
             config.decoder_start_token_id, *capture.codes(),
         )
         attention_rows: list[list[int]] = [[] for _ in range(batch)]
@@ -460,7 +464,7 @@ def _beam(
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
         records, finals = loops.beam(
-            *_cross_inputs(model, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
+            *_cross_inputs(model, step, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
         )
         steps = [StepRecord(*record) for record in records]

@@ -29,6 +29,7 @@ KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn"}  # csrc/step.cp
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 5
+DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
 RESCORED_CANDIDATES = 16  # under int8, each row's best logits recomputed from the fp32 output weight
 
 _extension: object | None = None
@@ -167,17 +168,35 @@ class CompiledStep:
             float(model.decoder_layers[0].final_layer_norm.eps),
         )
         self.names: list[str] = []
+        self._runtime.set_encoder_embedding(detached(model.encoder_embed_tokens.weight))
+        for i, layer in enumerate(model.encoder_layers):
+            own, ffn = layer.self_attn, layer.feed_forward
+            weights = [
+                torch.cat([detached(own.q_proj.weight), detached(own.k_proj.weight), detached(own.v_proj.weight)]),
+                detached(own.out_proj.weight), detached(ffn.fc1.weight), detached(ffn.fc2.weight),
+            ]
+            biases = [
+                torch.cat([detached(own.q_proj.bias), detached(own.k_proj.bias), detached(own.v_proj.bias)]),
+                detached(own.out_proj.bias), detached(ffn.fc1.bias), detached(ffn.fc2.bias),
+            ]
+            norms = [detached(p) for norm in (layer.self_attn_layer_norm, layer.final_layer_norm)
+                     for p in (norm.weight, norm.bias)]
+            packed = [_prepack(extension, w) for w in weights] if int8 else []
+            self._runtime.add_encoder_layer(weights, biases, norms, packed, REDUCE_RANGE)
+            self.names += [f"encoder.{i}.{name}" for name in ("qkv", "out", "fc1", "fc2")]
         for i, layer in enumerate(model.decoder_layers):
             own, cross, ffn = layer.self_attn, layer.encoder_attn, layer.feed_forward
             weights = [
                 torch.cat([detached(own.q_proj.weight), detached(own.k_proj.weight), detached(own.v_proj.weight)]),
                 detached(own.out_proj.weight), detached(cross.q_proj.weight), detached(cross.out_proj.weight),
                 detached(ffn.fc1.weight), detached(ffn.fc2.weight),
+                torch.cat([detached(cross.k_proj.weight), detached(cross.v_proj.weight)]),
             ]
             biases = [
                 torch.cat([detached(own.q_proj.bias), detached(own.k_proj.bias), detached(own.v_proj.bias)]),
                 detached(own.out_proj.bias), detached(cross.q_proj.bias), detached(cross.out_proj.bias),
                 detached(ffn.fc1.bias), detached(ffn.fc2.bias),
+                torch.cat([detached(cross.k_proj.bias), detached(cross.v_proj.bias)]),
             ]
             norms = [
                 detached(p)
@@ -186,7 +205,7 @@ class CompiledStep:
             ]
             packed = [_prepack(extension, w) for w in weights] if int8 else []
             self._runtime.add_layer(weights, biases, norms, packed, REDUCE_RANGE)
-            self.names += [f"{i}.{name}" for name in ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2")]
+            self.names += [f"{i}.{name}" for name in DECODER_MATMULS]
         output = detached(model.output_weight)
         self._runtime.set_output(
             output, detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], REDUCE_RANGE,
@@ -231,6 +250,17 @@ class CompiledStep:
         """The compiled greedy and beam search loops (Runtime.greedy, Runtime.beam), on the model's current weights."""
         self.refresh()
         return self._runtime
+
+    def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
+        """The encoder on the compiled step's kernels: hidden states (B, S, d_model) of right-padded ids."""
+        self.refresh()
+        return self._runtime.encode(source_ids, source_mask)
+
+    def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
+        """`Transformer.cross_key_values` on the compiled step's kernels: each source's K/V on its `beams` rows."""
+        if isinstance(beams, int):
+            beams = torch.full((hidden.size(0),), beams, dtype=torch.long, device=hidden.device)
+        return self._runtime.cross_key_values(hidden.contiguous(), beams)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """The step's output projection (int8 with rescoring, or fp32) of decoder states (N, d_model)."""

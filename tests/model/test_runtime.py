@@ -75,8 +75,8 @@ def assert_same(got, expected, context) -> None:
     assert len(got) == len(expected), context
     for hypothesis, reference in zip(got, expected, strict=True):
         assert hypothesis.token_ids == reference.token_ids, context
-        # a score sums up to a hundred log-probabilities, each exact to 1e-5: their sum to 1e-5 relative
-        assert hypothesis.score == pytest.approx(reference.score, rel=1e-6, abs=1e-5), context
+        # a score sums a hypothesis's log-probabilities, each within 1e-5: the sum within 1e-5 of its size
+        assert hypothesis.score == pytest.approx(reference.score, rel=1e-5, abs=1e-5), context
         assert hypothesis.token_logprobs == pytest.approx(reference.token_logprobs, abs=1e-5), context
         for name in ("cross_attention", "alignment_attention"):
             theirs = getattr(reference, name)
@@ -123,7 +123,7 @@ def test_every_fp32_kernel_gives_the_references_numbers(extension, kernel):
 def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
     model = random_model("gelu-wide")
     compiled = CompiledStep(model, extension, "int8")
-    assert set(compiled.timings) == set(compiled.info.kernels) and len(compiled.names) == 6 * 1 + 1
+    assert set(compiled.timings) == set(compiled.info.kernels) and len(compiled.names) == 4 * 2 + 7 * 1 + 1
     for name, chosen in compiled.info.kernels.items():
         small, large = chosen.split("/")
         for label, kernel in (("small", small), ("large", large)):

@@ -125,8 +125,13 @@ struct Linear {
 };
 
 struct Layer {
-  Linear qkv, self_out, cross_q, cross_out, fc1, fc2;
+  Linear qkv, self_out, cross_q, cross_out, fc1, fc2, cross_kv;  // cross_kv: [W_k; W_v] of cross-attention
   Tensor norm1_w, norm1_b, norm2_w, norm2_b, norm3_w, norm3_b;
+};
+
+struct EncoderLayer {
+  Linear qkv, out, fc1, fc2;
+  Tensor norm1_w, norm1_b, norm2_w, norm2_b;
 };
 
 enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
@@ -252,8 +257,9 @@ class Runtime {
   void add_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
                  std::vector<Packed> int8, bool reduce_range) {
     Layer layer;
-    Linear* parts[6] = {&layer.qkv, &layer.self_out, &layer.cross_q, &layer.cross_out, &layer.fc1, &layer.fc2};
-    for (int i = 0; i < 6; ++i) {
+    Linear* parts[7] = {&layer.qkv, &layer.self_out, &layer.cross_q, &layer.cross_out, &layer.fc1, &layer.fc2,
+                        &layer.cross_kv};
+    for (int i = 0; i < 7; ++i) {
       parts[i]->weight = weights[i];
       parts[i]->bias = biases[i];
       parts[i]->reduce_range = reduce_range;
@@ -263,6 +269,60 @@ class Runtime {
     layer.norm2_w = norms[2]; layer.norm2_b = norms[3];
     layer.norm3_w = norms[4]; layer.norm3_b = norms[5];
     layers_.push_back(std::move(layer));
+  }
+
+  // One encoder layer: [qkv, out, fc1, fc2] and the two norms' weights and biases.
+  void add_encoder_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
+                         std::vector<Packed> int8, bool reduce_range) {
+    EncoderLayer layer;
+    Linear* parts[4] = {&layer.qkv, &layer.out, &layer.fc1, &layer.fc2};
+    for (int i = 0; i < 4; ++i) {
+      parts[i]->weight = weights[i];
+      parts[i]->bias = biases[i];
+      parts[i]->reduce_range = reduce_range;
+      if (!int8.empty()) parts[i]->int8 = int8[i];
+    }
+    layer.norm1_w = norms[0]; layer.norm1_b = norms[1];
+    layer.norm2_w = norms[2]; layer.norm2_b = norms[3];
+    encoder_.push_back(std::move(layer));
+  }
+
+  void set_encoder_embedding(Tensor embed) { encoder_embed_ = std::move(embed); }
+
+  // The encoder (model.transformer.Transformer.encode) over right-padded ids (B, S) and their mask (B, S), True at
+  // real tokens: hidden states (B, S, d_model).
+  Tensor encode(const Tensor& ids, const Tensor& mask) {
+    at::InferenceMode guard;
+    const int64_t batch = ids.size(0), length = ids.size(1), d = encoder_embed_.size(1), d_k = d / heads_;
+    Tensor x = at::embedding(encoder_embed_, ids.reshape({-1})).mul_(embed_scale_).view({batch, length, d});
+    x = (x + positions_.narrow(0, 0, length)).view({batch * length, d});
+    Tensor additive = at::zeros({batch, 1, 1, length}, x.options())
+                          .masked_fill_(mask.logical_not().view({batch, 1, 1, length}),
+                                        std::numeric_limits<float>::lowest());
+    for (const EncoderLayer& layer : encoder_) {
+      Tensor qkv = layer.qkv(x).view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
+      Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
+      Tensor context = at::matmul(scores.add_(additive).softmax(-1), qkv[2]);  // (B, h, S, d_k)
+      context = context.transpose(1, 2).reshape({batch * length, d});
+      x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
+      x = add_norm(x, layer.fc2(activate(layer.fc1(x), activation_)), layer.norm2_w, layer.norm2_b, eps_);
+    }
+    return x.view({batch, length, d});
+  }
+
+  // Every decoder layer's cross-attention K and V of `hidden` (B, S, d_model), each (B·beams, h, S, d_k)
+  // contiguous, source b's on its beams[b] rows (model.transformer.Transformer.cross_key_values).
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> cross_key_values(const Tensor& hidden, const Tensor& beams) {
+    at::InferenceMode guard;
+    const int64_t batch = hidden.size(0), length = hidden.size(1), d = hidden.size(2), d_k = d / heads_;
+    Tensor rows = hidden.reshape({batch * length, d});
+    std::vector<Tensor> keys, values;
+    for (const Layer& layer : layers_) {
+      Tensor kv = layer.cross_kv(rows).view({batch, length, 2, heads_, d_k}).permute({2, 0, 3, 1, 4});
+      keys.push_back(kv[0].repeat_interleave(beams, 0).contiguous());
+      values.push_back(kv[1].repeat_interleave(beams, 0).contiguous());
+    }
+    return {keys, values};
   }
 
   // The output projection (V, d) with final_logits_bias; `int8` (optional) its prepacked copy, whose logits are
@@ -275,10 +335,13 @@ class Runtime {
     rescore_ = rescore;
   }
 
-  std::vector<Linear*> matmuls() {
+  std::vector<Linear*> matmuls() {  // the encoder's, the decoder's, then the output projection
     std::vector<Linear*> all;
+    for (auto& l : encoder_) {
+      for (Linear* p : {&l.qkv, &l.out, &l.fc1, &l.fc2}) all.push_back(p);
+    }
     for (auto& l : layers_) {
-      for (Linear* p : {&l.qkv, &l.self_out, &l.cross_q, &l.cross_out, &l.fc1, &l.fc2}) all.push_back(p);
+      for (Linear* p : {&l.qkv, &l.self_out, &l.cross_q, &l.cross_out, &l.fc1, &l.fc2, &l.cross_kv}) all.push_back(p);
     }
     all.push_back(&output_);
     return all;
@@ -720,7 +783,8 @@ class Runtime {
     return {values, column};
   }
 
-  Tensor embed_, positions_;
+  Tensor embed_, positions_, encoder_embed_;
+  std::vector<EncoderLayer> encoder_;
   double embed_scale_;
   int64_t heads_, activation_;
   double eps_;
@@ -758,6 +822,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Runtime>(m, "Runtime")
       .def(pybind11::init<Tensor, Tensor, double, int64_t, int64_t, double>())
       .def("add_layer", &Runtime::add_layer)
+      .def("add_encoder_layer", &Runtime::add_encoder_layer)
+      .def("set_encoder_embedding", &Runtime::set_encoder_embedding)
+      .def("encode", &Runtime::encode, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("cross_key_values", &Runtime::cross_key_values, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("set_output", &Runtime::set_output)
       .def("choose", &Runtime::choose)
       .def("force", &Runtime::force)
