@@ -19,8 +19,8 @@ FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 
-# Ray Serve's high-throughput mode (HAProxy ingress, direct gRPC between replicas): README "Running the service".
-# HAProxy's retry of a request whose ingress was lost (a node gone) is set by CMD below (README "Scaling out").
+# Ray Serve's high-throughput mode (HAProxy ingress, direct gRPC between replicas): docs/operations.md.
+# HAProxy's retry of a request whose ingress was lost (a node gone) is set by CMD below (docs/operations.md).
 ENV RAY_SERVE_ENABLE_HA_PROXY=1 \
     RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 
@@ -71,5 +71,5 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
 # sh -c so that $SERVE_CONFIG expands; exec hands PID 1 (and the stop signal) to serve. Unless set already,
 # RAY_SERVE_HAPROXY_RETRY_ON gets two lines (an ENV value cannot hold a newline): HAProxy sends a request whose
 # ingress closed without answering to another ingress, and buffers each request whole so that it can
-# (tests/service/test_haproxy_retry.py, README "Scaling out").
+# (tests/service/test_haproxy_retry.py, docs/operations.md).
 CMD ["sh", "-c", "export RAY_SERVE_HAPROXY_RETRY_ON=\"${RAY_SERVE_HAPROXY_RETRY_ON:-$(printf 'conn-failure empty-response\\noption http-buffer-request')}\"; exec serve run \"$SERVE_CONFIG\""]

@@ -349,10 +349,10 @@ def ours_translate(model: str, texts: list[str], length_penalty: float, threads:
     """What POST /v1/translate answers, from the engine in this process: a text of several sentences is decoded
     sentence by sentence and joined again (service/split_texts.py, the API's default), one sentence whole."""
     import torch
-    from service.text.sentences import join
-    from service.text.split_texts import plan_texts
 
     from model import Translator
+    from service.text.sentences import join
+    from service.text.split_texts import plan_texts
 
     source, target = DIRECTIONS[model]
     plans = plan_texts(texts, source, split_sentences=True)

@@ -233,7 +233,7 @@ class ExplainRequest(ModelChoice):
         "attention",
         description='"attention": the maps and one head step by step (always there). Any other method adds '
         "`attributions`: per target token, how much each source token and each earlier target token made it. "
-        "Costs per method in the README (integrated_gradients is the dearest).",
+        "Costs per method in docs/explanations.md (integrated_gradients is the dearest).",
     )
     steps: int | None = Field(
         None,

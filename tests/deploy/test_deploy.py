@@ -202,7 +202,7 @@ def test_the_dockerfile_serves_serve_config_which_defaults_to_an_existing_file()
     argv = json.loads(cmd)
     served = argv[2].split("; ")[-1]  # after HAProxy's retry setting (tests/service/test_haproxy_retry.py)
     assert argv[:2] == ["sh", "-c"] and shlex.split(served) == ["exec", "serve", "run", "$SERVE_CONFIG"]
-    # the GPU config the README's CUDA build passes as --build-arg SERVE_CONFIG is in the image too
+    # the GPU config docs/operations.md's CUDA build passes as --build-arg SERVE_CONFIG is in the image too
     assert (REPO / "deploy" / "serve-gpu.yaml").is_file() and "COPY deploy ./deploy" in DOCKERFILE
 
 

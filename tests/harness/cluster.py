@@ -28,7 +28,7 @@ HEAD_ADDRESS = "127.0.0.2"
 APPLICATION = "translate"
 PER_NODE = ("Ingress", "translator-en-zh")  # one replica on every node
 # HAProxy sends a request again, to another ingress replica, when the connection failed or the replica closed it
-# without an answer (its node was lost); Serve's default is conn-failure alone (README "Scaling out"). It can only
+# without an answer (its node was lost); Serve's default is conn-failure alone (docs/operations.md). It can only
 # when it holds the whole request: a POST whose body came after its headers was forwarded in pieces and answered
 # 500, unless `option http-buffer-request`. Serve has no setting for that directive but writes this value verbatim
 # into its HAProxy config's defaults section, so it rides on a line of its own (tests/service/test_haproxy_retry.py).

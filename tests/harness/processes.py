@@ -19,9 +19,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# Ray Serve's high-throughput mode: the HAProxy ingress and direct gRPC between replicas (README "Running the
-# service"). The tests and benchmarks run Serve the way the README does; TRANSLATE_TEST_SERVE_MODE=python runs
-# Serve's Python proxy instead.
+# Ray Serve's high-throughput mode: the HAProxy ingress and direct gRPC between replicas (docs/operations.md). The
+# tests and benchmarks run Serve the way the README does; TRANSLATE_TEST_SERVE_MODE=python runs Serve's Python proxy.
 HIGH_THROUGHPUT_MODE = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 

@@ -194,7 +194,7 @@ def test_losing_the_worker_node_under_load_costs_no_500_and_no_hang_and_serve_re
     assert killed and not worker.alive()
     # no 500 of any kind: not the service's, and not HAProxy's error page (its 502 rewritten to 500 by Serve's error
     # file) for a request in flight at the lost node's ingress, which HAProxy sends to the head's ingress instead
-    # (tests/harness/cluster.py HAPROXY_RETRY_ON, tests/service/test_haproxy_retry.py, README "Scaling out")
+    # (tests/harness/cluster.py HAPROXY_RETRY_ON, tests/service/test_haproxy_retry.py, docs/operations.md)
     unclean = [o for o in load.outcomes if o[1] not in ("200", "503+retry-after+json")]
     assert not unclean, (unclean, cluster.log_lines("unexpected error", "Traceback", "Error", "was lost"))
     assert max(seconds for _, _, seconds in load.outcomes) <= timeout_s + 1
