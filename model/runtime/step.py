@@ -28,7 +28,7 @@ SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
 KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn"}  # csrc/step.cpp's Kernel
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
-CHOICE_REPEATS = 5
+CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
 DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
 RESCORED_CANDIDATES = 16  # under int8, each row's best logits recomputed from the fp32 output weight
 

@@ -252,22 +252,14 @@ class Runtime {
       : embed_(std::move(embed)), positions_(std::move(positions)), embed_scale_(embed_scale), heads_(heads),
         activation_(activation), eps_(eps) {}
 
-  // One decoder layer's weights as transformers names them; `int8` holds prepacked per-channel weights for the
-  // six matmuls (qkv, self out, cross q, cross out, fc1, fc2) or is empty.
+  // One decoder layer's weights as transformers names them: the seven matmuls (qkv, self out, cross q, cross
+  // out, fc1, fc2, cross kv), the three norms' weights and biases; `int8` their prepacked int8 copies or empty.
   void add_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
                  std::vector<Packed> int8, bool reduce_range) {
     Layer layer;
-    Linear* parts[7] = {&layer.qkv, &layer.self_out, &layer.cross_q, &layer.cross_out, &layer.fc1, &layer.fc2,
-                        &layer.cross_kv};
-    for (int i = 0; i < 7; ++i) {
-      parts[i]->weight = weights[i];
-      parts[i]->bias = biases[i];
-      parts[i]->reduce_range = reduce_range;
-      if (!int8.empty()) parts[i]->int8 = int8[i];
-    }
-    layer.norm1_w = norms[0]; layer.norm1_b = norms[1];
-    layer.norm2_w = norms[2]; layer.norm2_b = norms[3];
-    layer.norm3_w = norms[4]; layer.norm3_b = norms[5];
+    fill({&layer.qkv, &layer.self_out, &layer.cross_q, &layer.cross_out, &layer.fc1, &layer.fc2, &layer.cross_kv},
+         weights, biases, int8, reduce_range);
+    fill_norms({&layer.norm1_w, &layer.norm1_b, &layer.norm2_w, &layer.norm2_b, &layer.norm3_w, &layer.norm3_b}, norms);
     layers_.push_back(std::move(layer));
   }
 
@@ -275,16 +267,26 @@ class Runtime {
   void add_encoder_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
                          std::vector<Packed> int8, bool reduce_range) {
     EncoderLayer layer;
-    Linear* parts[4] = {&layer.qkv, &layer.out, &layer.fc1, &layer.fc2};
-    for (int i = 0; i < 4; ++i) {
-      parts[i]->weight = weights[i];
-      parts[i]->bias = biases[i];
-      parts[i]->reduce_range = reduce_range;
-      if (!int8.empty()) parts[i]->int8 = int8[i];
-    }
-    layer.norm1_w = norms[0]; layer.norm1_b = norms[1];
-    layer.norm2_w = norms[2]; layer.norm2_b = norms[3];
+    fill({&layer.qkv, &layer.out, &layer.fc1, &layer.fc2}, weights, biases, int8, reduce_range);
+    fill_norms({&layer.norm1_w, &layer.norm1_b, &layer.norm2_w, &layer.norm2_b}, norms);
     encoder_.push_back(std::move(layer));
+  }
+
+  static void fill(std::initializer_list<Linear*> parts, const std::vector<Tensor>& weights,
+                   const std::vector<Tensor>& biases, const std::vector<Packed>& int8, bool reduce_range) {
+    size_t i = 0;
+    for (Linear* part : parts) {
+      part->weight = weights[i];
+      part->bias = biases[i];
+      part->reduce_range = reduce_range;
+      if (!int8.empty()) part->int8 = int8[i];
+      ++i;
+    }
+  }
+
+  static void fill_norms(std::initializer_list<Tensor*> parts, const std::vector<Tensor>& norms) {
+    size_t i = 0;
+    for (Tensor* part : parts) *part = norms[i++];
   }
 
   void set_encoder_embedding(Tensor embed) { encoder_embed_ = std::move(embed); }
