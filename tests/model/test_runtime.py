@@ -128,9 +128,12 @@ def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
         small, large = chosen.split("/")
         for label, kernel in (("small", small), ("large", large)):
             timed = compiled.timings[name][label]
-            assert set(timed) <= set(KERNELS.values()) and "int8" in timed
+            # the encoder stays fp32 under int8 (its BLEU cost): no int8 candidate there
+            assert set(timed) <= set(KERNELS.values()) and ("int8" in timed) == (not name.startswith("encoder."))
             exact = min(v for k, v in timed.items() if k != "int8")
-            if kernel == "int8":  # int8 only where it pays: at least 10 % faster than every fp32 kernel
+            if "int8" not in timed:
+                assert timed[kernel] == exact, (name, label, timed)
+            elif kernel == "int8":  # int8 only where it pays: at least 10 % faster than every fp32 kernel
                 assert timed["int8"] <= 0.9 * exact, (name, label, timed)
             else:
                 assert timed[kernel] == exact and (timed["int8"] > 0.9 * exact), (name, label, timed)
