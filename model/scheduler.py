@@ -27,6 +27,7 @@ from torch import Tensor
 
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
+from model.runtime import EagerStep
 from model.search import BeamState, Hypothesis, StepRecord, backtrack, beam_step, captured, length_budget, next_logprobs
 from model.transformer import Transformer
 
@@ -308,7 +309,7 @@ class Scheduler:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         self.model = model
-        self.decoder_step = step  # model.runtime's compiled or eager step; None: `decode_rows` on the model itself
+        self.decoder_step = step if step is not None else EagerStep(model)  # model.runtime's compiled or eager step
         self.config = model.config
         self.device = model.final_logits_bias.device
         self.max_rows = max_rows
@@ -369,10 +370,7 @@ class Scheduler:
             return []
         full = any(r.return_attention or r.on_token is not None for r in self.running)
         rows_only = any(r.alignment_rows and not r.return_attention for r in self.running)
-        if self.decoder_step is None:
-            logits, cross = decode_rows(self.model, self.last_tokens, self.cache, full or rows_only)
-        else:
-            logits, cross = self.decoder_step.decode_rows(self.last_tokens, self.cache, full or rows_only)
+        logits, cross = self.decoder_step.decode_rows(self.last_tokens, self.cache, full or rows_only)
         attention = torch.stack(cross, dim=1) if full else None  # (N, L, h, S)
         alignment = captured(cross, False, self.alignment_head) if rows_only else None  # (N, S)
 
@@ -480,10 +478,9 @@ class Scheduler:
             padded[i, : lengths[i]] = torch.tensor(request.source_ids, dtype=torch.long)
         padded = padded.to(self.device)
         mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-        runtime = self.decoder_step if hasattr(self.decoder_step, "encode") else None
-        hidden = self.model.encode(padded, mask).hidden if runtime is None else runtime.encode(padded, mask)
+        hidden = self.decoder_step.encode(padded, mask)
         repeat = torch.tensor([r.beams for r in joining], device=self.device)
-        keys, values = (runtime or self.model).cross_key_values(hidden, repeat)  # each request's on its k rows
+        keys, values = self.decoder_step.cross_key_values(hidden, repeat)  # each request's on its k rows
         row_lengths = [length for request, length in zip(joining, lengths, strict=True) for _ in range(request.beams)]
         self.cache.join(
             keys, values, mask.repeat_interleave(repeat, dim=0), max(r.budget for r in joining), row_lengths

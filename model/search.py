@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from model.options import DecodingOptions
+from model.runtime import EagerStep
 from model.topk import row_topk
 from model.transformer import EncoderOutput, Transformer, additive_mask
 
@@ -135,7 +136,7 @@ def beam_search(
     cross-attention; alignment_head (layer, head or None): it carries that head's rows
     (`alignment_attention`), all an alignment needs. check_every: steps between reads of which
     inputs are done (None: 1 on the CPU, CHECK_EVERY_GPU on a GPU); the output is the same. step: what runs each
-    decoding step (model.runtime.load_step's compiled or eager step; None: the model's own `decode_step`).
+    decoding step (model.runtime.load_step's compiled or eager step; None: the model's own, EagerStep).
     """
     options = options or DecodingOptions()
     config = model.config
@@ -151,9 +152,8 @@ def beam_search(
         padded[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     padded = padded.to(device)
     mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
-    encoder = model.encode(padded, mask) if step is None or not hasattr(step, "encode") else (
-        EncoderOutput(step.encode(padded, mask), mask)  # the runtime's encoder: the same arithmetic, its kernels
-    )
+    step = step if step is not None else EagerStep(model)
+    encoder = EncoderOutput(step.encode(padded, mask), mask)
     capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
     if options.beam_size == 1:
         return _greedy(model, step, encoder, lengths, budgets, options, capture)
@@ -325,15 +325,12 @@ def beam_step(
 def _compiled_loop(step, capture: _Capture):
     """The compiled search loops of `step` (model.runtime.CompiledStep) when it has them and the search reads which
     rows finished after every step (the CPU's way); else None, and the loop below drives `step.decode_step`."""
-    loops = getattr(step, "loops", None)
-    return loops if loops is not None and capture.check_every == 1 else None
+    return step.loops if capture.check_every == 1 else None
 
 
-def _cross_inputs(
-    model: Transformer, step, encoder, beams: int
-) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+def _cross_inputs(step, encoder, beams: int) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
     """Cross-attention K/V on each source's `beams` rows and the additive source mask, as `start_cache` makes them."""
-    keys, values = (step if hasattr(step, "cross_key_values") else model).cross_key_values(encoder.hidden, beams)
+    keys, values = step.cross_key_values(encoder.hidden, beams)
     mask = additive_mask(encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :], encoder.hidden.dtype)
     return keys, values, mask
 
@@ -360,7 +357,7 @@ def _greedy(
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::greedy)
         out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
-            *_cross_inputs(model, step, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
+            *_cross_inputs(step, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
             config.decoder_start_token_id, *capture.codes(),
         )
         attention_rows: list[list[int]] = [[] for _ in range(batch)]
@@ -371,7 +368,7 @@ def _greedy(
             offset += len(active)
         return _greedy_hypotheses(out_tokens, out_logprobs, out_length, attention_steps, attention_rows, lengths,
                                   length_penalty, capture)
-    decode = model.decode_step if step is None else step.decode_step
+    decode = step.decode_step
     cache = model.start_cache(encoder, capacity=width)
     active = list(range(batch))  # input index of each row (host)
     rows_of = torch.arange(batch, device=device)  # the same on the device
@@ -464,13 +461,13 @@ def _beam(
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
         records, finals = loops.beam(
-            *_cross_inputs(model, step, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
+            *_cross_inputs(step, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
         )
         steps = [StepRecord(*record) for record in records]
         return _beam_hypotheses(steps, [part for final in finals for part in final], lengths, ref_stride, k,
                                 num_return_sequences, capture)
-    decode = model.decode_step if step is None else step.decode_step
+    decode = step.decode_step
     cache = model.start_cache(encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
 
     active = list(range(batch))  # original index of each active input

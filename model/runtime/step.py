@@ -4,6 +4,7 @@ scheduler's ragged rows)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -36,6 +37,7 @@ _extension: object | None = None
 _extension_error: str | None = None
 
 
+@functools.cache
 def cpu_model() -> str:
     """The CPU's model name (what every speed figure is reported against)."""
     try:
@@ -130,11 +132,20 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step (model/transformer.py): the reference, and the fallback."""
+    """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search and the
+    scheduler drive its `decode_step`/`decode_rows` from Python (it has no compiled `loops`)."""
+
+    loops = None
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
         self.info = RuntimeInfo("eager", precision or _model_precision(model), reason)
+
+    def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
+        return self.model.encode(source_ids, source_mask).hidden
+
+    def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
+        return self.model.cross_key_values(hidden, beams)
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         return self.model.decode_step(last_ids, cache, need_weights)
@@ -212,6 +223,7 @@ class CompiledStep:
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
+        self.loops = self._runtime  # the compiled greedy and beam search loops (Runtime.greedy, Runtime.beam)
         self.info = RuntimeInfo("compiled", precision, "")
         if choose:
             self.choose(precision)
@@ -245,14 +257,9 @@ class CompiledStep:
             logger.info("decoding runtime: the model's weights changed; copying them again")
             self.__init__(self.model, self.extension, self.precision, self._choose)
 
-    @property
-    def loops(self):
-        """The compiled greedy and beam search loops (Runtime.greedy, Runtime.beam), on the model's current weights."""
-        self.refresh()
-        return self._runtime
-
     def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
-        """The encoder on the compiled step's kernels: hidden states (B, S, d_model) of right-padded ids."""
+        """The encoder on the compiled step's kernels: hidden states (B, S, d_model) of right-padded ids. Every
+        decode starts here, so this is where weights changed in place since are copied again (`refresh`)."""
         self.refresh()
         return self._runtime.encode(source_ids, source_mask)
 
@@ -269,8 +276,6 @@ class CompiledStep:
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
         step = cache.length
-        if step == 0:
-            self.refresh()
         if step >= cache.capacity:
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
         if step >= self.model.positions.size(0):

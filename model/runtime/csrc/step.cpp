@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -356,7 +358,21 @@ class Runtime {
                                           int64_t repeats) {
     std::vector<std::vector<double>> report;
     at::NoGradGuard no_grad;
+    // Matmuls of one shape (the same layer's in every encoder or decoder layer) run the same kernels at the same
+    // cost: each shape is timed once and its choice applied to the others.
+    std::map<std::tuple<int64_t, int64_t, bool>, std::pair<Linear*, size_t>> timed;
     for (Linear* p : matmuls()) {
+      const auto shape = std::make_tuple(p->weight.size(0), p->weight.size(1), static_cast<bool>(p->int8));
+      if (auto found = timed.find(shape); found != timed.end()) {
+        const Linear* same = found->second.first;
+        p->small = same->small;
+        p->large = same->large;
+        p->rows_cut = same->rows_cut;
+        prepare(*p);
+        report.push_back(report[found->second.second]);
+        continue;
+      }
+      timed[shape] = {p, report.size()};
       std::vector<int64_t> candidates;
       for (int64_t kernel : allowed) {
         if (kernel == kInt8 && !p->int8) continue;
@@ -397,21 +413,32 @@ class Runtime {
         }
       }
       p->rows_cut = small_rows + (large_rows - small_rows) / 2;
-      bool keeps_transposed = p->small == kTransposed || p->large == kTransposed;
-      if (!keeps_transposed) p->transposed = Tensor();  // no second copy of a weight nothing multiplies by
-      if (p->small != kOneDnn && p->large != kOneDnn) p->onednn = Tensor();
+      prepare(*p);
       report.push_back(row);
     }
     return report;
   }
 
+  // The weight copies the chosen kernels multiply by, and none other (no second copy nothing reads).
+  static void prepare(Linear& p) {
+    const auto uses = [&](int64_t kernel) { return p.small == kernel || p.large == kernel; };
+    if (!uses(kTransposed)) {
+      p.transposed = Tensor();
+    } else if (!p.transposed.defined()) {
+      p.transposed = p.weight.t().contiguous();
+    }
+    if (!uses(kOneDnn)) {
+      p.onednn = Tensor();
+    } else if (!p.onednn.defined()) {
+      p.onednn = onednn_reorder(p.weight);
+    }
+  }
+
   // Set every matmul's kernel directly (tests and the eager comparison): the same kernel for all rows.
   void force(int64_t kernel) {
     for (Linear* p : matmuls()) {
-      int64_t k = (kernel == kInt8 && !p->int8) ? kLinear : kernel;
-      if (k == kTransposed && !p->transposed.defined()) p->transposed = p->weight.t().contiguous();
-      if (k == kOneDnn && !p->onednn.defined()) p->onednn = onednn_reorder(p->weight);
-      p->small = p->large = k;
+      p->small = p->large = (kernel == kInt8 && !p->int8) ? kLinear : kernel;
+      prepare(*p);
     }
   }
 
@@ -576,19 +603,15 @@ class Runtime {
       if (kept.size() < active.size()) {
         Tensor rows = at::tensor(kept, longs);
         cache.reorder(rows, false);
-        last_tokens = last_tokens.index_select(0, rows);
-        alive = alive.index_select(0, rows);
-        rows_of = rows_of.index_select(0, rows);
-        std::vector<int64_t> moved;
-        for (int64_t row : kept) moved.push_back(active[row]);
-        active = moved;
+        keep_rows({&last_tokens, &alive, &rows_of}, rows);
+        active = picked(active, kept);
       }
     }
     return {out_tokens, out_logprobs, out_length, attention_steps, actives};
   }
 
   // Beam search of beam size k over cross K/V already on each source's k rows. Returns, per step, the records
-  // model.search._Step holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
+  // model.search.StepRecord holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
   // candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
   std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> beam(
       std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
@@ -673,20 +696,10 @@ class Runtime {
       }
       if (kept.empty()) break;
       if (static_cast<int64_t>(kept.size()) < items) {
-        Tensor keep_items = at::tensor(kept, longs);
-        new_rows = new_rows.index_select(0, keep_items);
-        last_tokens = last_tokens.index_select(0, keep_items);
-        new_logprobs = new_logprobs.index_select(0, keep_items);
-        running = running.index_select(0, keep_items);
-        finished = finished.index_select(0, keep_items);
-        finished_done = finished_done.index_select(0, keep_items);
-        finished_ref = finished_ref.index_select(0, keep_items);
-        improvable = improvable.index_select(0, keep_items);
-        budget = budget.index_select(0, keep_items);
-        frozen = frozen.index_select(0, keep_items);
-        std::vector<int64_t> moved;
-        for (int64_t a : kept) moved.push_back(active[a]);
-        active = moved;
+        keep_rows({&new_rows, &last_tokens, &new_logprobs, &running, &finished, &finished_done, &finished_ref,
+                   &improvable, &budget, &frozen},
+                  at::tensor(kept, longs));
+        active = picked(active, kept);
       }
       new_rows = new_rows.reshape(-1);
       last_tokens = last_tokens.reshape(-1);
@@ -749,7 +762,18 @@ class Runtime {
     return out;
   }
 
-  // model.search._next_logprobs: log-softmax, pad banned, eos banned before min_new_tokens, rows at their
+  // Rows `index` of each tensor, in that order (inputs or rows leaving the search).
+  static void keep_rows(std::initializer_list<Tensor*> tensors, const Tensor& index) {
+    for (Tensor* tensor : tensors) *tensor = tensor->index_select(0, index);
+  }
+
+  static std::vector<int64_t> picked(const std::vector<int64_t>& values, const std::vector<int64_t>& index) {
+    std::vector<int64_t> out;
+    for (int64_t i : index) out.push_back(values[i]);
+    return out;
+  }
+
+  // model.search.next_logprobs: log-softmax, pad banned, eos banned before min_new_tokens, rows at their
   // budget forced to eos.
   static Tensor next_logprobs(const Tensor& logits, bool banned, const std::vector<int64_t>& ending, int64_t eos,
                               int64_t pad) {
