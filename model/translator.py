@@ -24,6 +24,7 @@ from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
 from model.runtime import load_step
+from model.runtime.step import weights_precision
 from model.scheduler import DecodeLoop, TokenCallback
 from model.search import Hypothesis, beam_search
 from model.tokenizer import MarianTokenizer, is_special_piece, word_groups
@@ -52,10 +53,6 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     raise UnknownModelError(
         f"no model directory at {str(name_or_path)!r}; shipped models: {', '.join(pretrained_names()) or 'none'}"
     )
-
-
-def _precision(model: Transformer) -> str:
-    return str(model.output_weight.dtype).removeprefix("torch.")
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
@@ -185,7 +182,7 @@ class Translator:
         self.model = model  # what decodes (translate, generate, submit)
         # How each decoding step runs: the compiled runtime where it builds and suits, else the model's eager step
         # (model.runtime.load_step; `runtime_info` says which and why).
-        self.step = step if step is not None else load_step(model, _precision(model))
+        self.step = step if step is not None else load_step(model, weights_precision(model))
         # What explains (explain, attention_steps, attribute): the decoding model itself, except under int8
         # weights, whose explanations come from the same checkpoint in fp32 (see from_pretrained).
         self.exact_model = exact_model if exact_model is not None else model
@@ -261,7 +258,7 @@ class Translator:
     @property
     def explanation_precision(self) -> str:
         """The same for explanations: "float32" under int8 decoding (the model's own weights), else `precision`."""
-        return _precision(self.exact_model)
+        return weights_precision(self.exact_model)
 
     @property
     def alignment_layer(self) -> int:

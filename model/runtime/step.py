@@ -139,7 +139,7 @@ class EagerStep:
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
-        self.info = RuntimeInfo("eager", precision or _model_precision(model), reason)
+        self.info = RuntimeInfo("eager", precision or weights_precision(model), reason)
 
     def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
         return self.model.encode(source_ids, source_mask).hidden
@@ -156,7 +156,8 @@ class EagerStep:
         return decode_rows(self.model, last_ids, cache, need_weights)
 
 
-def _model_precision(model) -> str:
+def weights_precision(model) -> str:
+    """The dtype the model's matrices are stored in, by name ("float32", "bfloat16", "float16")."""
     return str(model.output_weight.dtype).removeprefix("torch.")
 
 
@@ -171,55 +172,34 @@ class CompiledStep:
         self.model, self.extension, self.precision, self._choose = model, extension, precision, choose
         self._stamp = _weights_stamp(model)
         config = model.config
-        detached = lambda t: t.detach().float().contiguous()  # noqa: E731
         int8 = precision == "int8"
         self._runtime = extension.Runtime(
-            detached(model.decoder_embed_tokens.weight), detached(model.positions), float(model.embed_scale),
+            _detached(model.decoder_embed_tokens.weight), _detached(model.positions), float(model.embed_scale),
             config.decoder_attention_heads, ACTIVATIONS[config.activation_function],
             float(model.decoder_layers[0].final_layer_norm.eps),
         )
         self.names: list[str] = []
-        self._runtime.set_encoder_embedding(detached(model.encoder_embed_tokens.weight))
+        self._runtime.set_encoder_embedding(_detached(model.encoder_embed_tokens.weight))
         for i, layer in enumerate(model.encoder_layers):
             own, ffn = layer.self_attn, layer.feed_forward
-            weights = [
-                torch.cat([detached(own.q_proj.weight), detached(own.k_proj.weight), detached(own.v_proj.weight)]),
-                detached(own.out_proj.weight), detached(ffn.fc1.weight), detached(ffn.fc2.weight),
-            ]
-            biases = [
-                torch.cat([detached(own.q_proj.bias), detached(own.k_proj.bias), detached(own.v_proj.bias)]),
-                detached(own.out_proj.bias), detached(ffn.fc1.bias), detached(ffn.fc2.bias),
-            ]
-            norms = [detached(p) for norm in (layer.self_attn_layer_norm, layer.final_layer_norm)
-                     for p in (norm.weight, norm.bias)]
+            weights, biases = _matmuls([(own.q_proj, own.k_proj, own.v_proj), (own.out_proj,), (ffn.fc1,), (ffn.fc2,)])
+            norms = _norms(layer.self_attn_layer_norm, layer.final_layer_norm)
             # the encoder stays fp32 under int8: quantizing it cost 0.5 BLEU on the shipped en-zh (bench.fast_modes)
             self._runtime.add_encoder_layer(weights, biases, norms, [], REDUCE_RANGE)
             self.names += [f"encoder.{i}.{name}" for name in ("qkv", "out", "fc1", "fc2")]
         for i, layer in enumerate(model.decoder_layers):
             own, cross, ffn = layer.self_attn, layer.encoder_attn, layer.feed_forward
-            weights = [
-                torch.cat([detached(own.q_proj.weight), detached(own.k_proj.weight), detached(own.v_proj.weight)]),
-                detached(own.out_proj.weight), detached(cross.q_proj.weight), detached(cross.out_proj.weight),
-                detached(ffn.fc1.weight), detached(ffn.fc2.weight),
-                torch.cat([detached(cross.k_proj.weight), detached(cross.v_proj.weight)]),
-            ]
-            biases = [
-                torch.cat([detached(own.q_proj.bias), detached(own.k_proj.bias), detached(own.v_proj.bias)]),
-                detached(own.out_proj.bias), detached(cross.q_proj.bias), detached(cross.out_proj.bias),
-                detached(ffn.fc1.bias), detached(ffn.fc2.bias),
-                torch.cat([detached(cross.k_proj.bias), detached(cross.v_proj.bias)]),
-            ]
-            norms = [
-                detached(p)
-                for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
-                for p in (norm.weight, norm.bias)
-            ]
+            weights, biases = _matmuls([  # in DECODER_MATMULS' order
+                (own.q_proj, own.k_proj, own.v_proj), (own.out_proj,), (cross.q_proj,), (cross.out_proj,),
+                (ffn.fc1,), (ffn.fc2,), (cross.k_proj, cross.v_proj),
+            ])
+            norms = _norms(layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
             packed = [_prepack(extension, w) for w in weights] if int8 else []
             self._runtime.add_layer(weights, biases, norms, packed, REDUCE_RANGE)
             self.names += [f"{i}.{name}" for name in DECODER_MATMULS]
-        output = detached(model.output_weight)
+        output = _detached(model.output_weight)
         self._runtime.set_output(
-            output, detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], REDUCE_RANGE,
+            output, _detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], REDUCE_RANGE,
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
@@ -232,7 +212,10 @@ class CompiledStep:
 
     def choose(self, precision: str) -> None:
         """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which)."""
-        allowed = [0, 1, 3, 2] if precision == "int8" else [0, 1, 3]
+        codes = {name: code for code, name in KERNELS.items()}
+        allowed = [codes[name] for name in ("linear", "transposed", "onednn")]
+        if precision == "int8":
+            allowed.append(codes["int8"])
         started = time.perf_counter()
         report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
         self.info.choice_ms = (time.perf_counter() - started) * 1e3
@@ -245,7 +228,7 @@ class CompiledStep:
         )
 
     def force(self, kernel: str) -> None:
-        """Every matmul on one kernel ("linear", "transposed" or "int8" where the weight has an int8 copy)."""
+        """Every matmul on one kernel (a name of KERNELS; "int8" only where the weight has an int8 copy)."""
         code = {name: code for code, name in KERNELS.items()}[kernel]
         self._runtime.force(code)
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
@@ -297,6 +280,21 @@ class CompiledStep:
         )
         cache.advance()
         return logits, (cross if need_weights else None)
+
+
+def _detached(tensor: Tensor) -> Tensor:
+    return tensor.detach().float().contiguous()
+
+
+def _matmuls(groups: list[tuple]) -> tuple[list[Tensor], list[Tensor]]:
+    """Weights and biases of each group of linear layers, a group's stacked into one matmul (Q, K, V fused)."""
+    weights = [torch.cat([_detached(linear.weight) for linear in group]) for group in groups]
+    biases = [torch.cat([_detached(linear.bias) for linear in group]) for group in groups]
+    return weights, biases
+
+
+def _norms(*norms) -> list[Tensor]:
+    return [_detached(p) for norm in norms for p in (norm.weight, norm.bias)]
 
 
 def _weights_stamp(model) -> tuple:
