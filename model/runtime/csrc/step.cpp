@@ -151,7 +151,7 @@ Tensor activate(const Tensor& x, int64_t activation) {
 // dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined. Returns the heads' contexts side
 // by side (N, h·d_k) and the weights (N·h, 1, t).
 std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                     int64_t heads, bool need_weights) {
+                                     int64_t heads) {
   const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
   Tensor context = at::empty({rows, heads * d_k}, q.options());
   Tensor weights = at::empty({rows * heads, 1, length}, q.options());
@@ -196,7 +196,6 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
       }
     }
   });
-  (void)need_weights;
   return {context, weights};
 }
 
@@ -206,7 +205,7 @@ std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tenso
   const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
   if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
       heads_side_by_side && (!mask.defined() || plain_cpu(mask))) {
-    return attend_cpu(q, key, value, mask, heads, true);
+    return attend_cpu(q, key, value, mask, heads);
   }
   const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
   Tensor scores = at::bmm(q.reshape({rows * heads, 1, d_k}), key.view({rows * heads, length, d_k}).transpose(1, 2));
