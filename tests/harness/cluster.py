@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.harness.processes import command_line, free_port, serve_environment, session_pids
+from tests.harness.processes import TEST_STOP_GRACE_S, command_line, free_port, serve_environment, session_pids
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPOSITORY / "deploy" / "serve.yaml"
@@ -85,8 +85,14 @@ class Node:
 
 def node_ports(head: bool, taken: set[int]) -> dict[str, int]:
     """Free ports for one node's Ray processes, the worker range apart from them and from `taken`."""
-    names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
+    names = [
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    ]
     if head:
         names += ["port", "dashboard-port", "ray-client-server-port"]  # the GCS, the dashboard (serve deploy)
     ports: dict[str, int] = {}
@@ -188,8 +194,13 @@ class Cluster:
     def start_node(self, node: Node, timeout_s: float = 120.0) -> None:
         ray = Path(sys.executable).with_name("ray")
         command = [
-            str(ray) if ray.exists() else "ray", "start", "--block", "--disable-usage-stats",
-            f"--node-ip-address={node.address}", f"--num-cpus={self.num_cpus}", f"--temp-dir={self.temp_dir}",
+            str(ray) if ray.exists() else "ray",
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--node-ip-address={node.address}",
+            f"--num-cpus={self.num_cpus}",
+            f"--temp-dir={self.temp_dir}",
             *(f"--{name}={port}" for name, port in node.ports.items()),
         ]
         if node.head:
@@ -198,8 +209,12 @@ class Cluster:
             command += [f"--address={self.gcs_address}"]
         log = open(self.workdir / f"node-{node.address}.log", "ab")  # noqa: SIM115 - the node outlives this call
         process = subprocess.Popen(
-            command, cwd=REPOSITORY, env={**self.environment(), **node.serve_environment},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            command,
+            cwd=REPOSITORY,
+            env={**self.environment(), **node.serve_environment},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         node.session = process.pid
         self.save()
@@ -231,9 +246,7 @@ class Cluster:
         """Addresses of the nodes the GCS counts alive (via the dashboard's state API)."""
         with contextlib.suppress(httpx.HTTPError, KeyError, TypeError, ValueError):
             answer = httpx.get(f"{self.dashboard}/api/v0/nodes", params={"limit": 100}, timeout=10).json()
-            return sorted(
-                row["node_ip"] for row in answer["data"]["result"]["result"] if row.get("state") == "ALIVE"
-            )
+            return sorted(row["node_ip"] for row in answer["data"]["result"]["result"] if row.get("state") == "ALIVE")
         return []
 
     def kill_node(self, node: Node) -> None:
@@ -269,12 +282,12 @@ class Cluster:
             self.down()
             raise
 
-    def down(self, keep_temp_dir: bool = False) -> None:
+    def down(self, keep_temp_dir: bool = False, grace_s: float = 15.0) -> None:
         """Stop the nodes (workers first) by session, then remove what only they used: the address file if it names
         this cluster, their HAProxy and metrics folders (by node id), the temp dir unless `keep_temp_dir` (logs)."""
         node_ids = self.node_ids()
         for node in reversed(self.nodes):
-            self.stop_node(node)
+            self.stop_node(node, grace_s)
         for address_file in (Path(self.temp_dir) / "ray_current_cluster", DEFAULT_CURRENT_CLUSTER_FILE):
             with contextlib.suppress(OSError):
                 if address_file.read_text().strip() == self.gcs_address:
@@ -304,7 +317,11 @@ class Cluster:
         serve = Path(sys.executable).with_name("serve")
         result = subprocess.run(
             [str(serve) if serve.exists() else "serve", "deploy", "-a", self.dashboard, str(path)],
-            cwd=REPOSITORY, env=self.environment(), capture_output=True, text=True, timeout=120,
+            cwd=REPOSITORY,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if result.returncode != 0:
             raise RuntimeError(f"serve deploy failed:\n{result.stdout}\n{result.stderr}")
@@ -399,6 +416,6 @@ def running_cluster(workdir: Path, models: dict[str, str] | None = None, workers
     try:
         yield cluster
     finally:
-        cluster.down()
+        cluster.down(grace_s=TEST_STOP_GRACE_S)  # the tests assert nothing of a clean shutdown
     if cluster.survivors():
         raise RuntimeError(f"processes of the cluster survived down(): {cluster.survivors()}")

@@ -53,10 +53,26 @@ def run_schemathesis(url: str, max_examples: int, seed: int = 1, timeout_s: floa
     with tempfile.TemporaryDirectory(prefix="fuzz-") as scratch:
         report = Path(scratch) / "report.json"
         command = [
-            str(st) if st.exists() else "st", "run", f"{url.rstrip('/')}/openapi.json",
-            "--checks", CHECKS, "--max-examples", str(max_examples), "--seed", str(seed),
-            "--generation-database", "none", "--workers", "1", "--request-timeout", "60", "--no-color",
-            "--report", "json", "--report-json-path", str(report),
+            str(st) if st.exists() else "st",
+            "run",
+            f"{url.rstrip('/')}/openapi.json",
+            "--checks",
+            CHECKS,
+            "--max-examples",
+            str(max_examples),
+            "--seed",
+            str(seed),
+            "--generation-database",
+            "none",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "60",
+            "--no-color",
+            "--report",
+            "json",
+            "--report-json-path",
+            str(report),
         ]
         environment = {
             **os.environ,

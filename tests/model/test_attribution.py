@@ -33,7 +33,10 @@ def run_inseq(jobs: list[tuple[Path, list[dict]]]) -> list[list[dict]]:
     models = [{"model": str(directory), "pairs": pairs} for directory, pairs in jobs]
     request = {"models": models, "methods": INSEQ_METHODS, "steps": ORACLE_STEPS}
     finished = subprocess.run(
-        [str(ORACLE_PYTHON), str(ORACLE_SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
+        [str(ORACLE_PYTHON), str(ORACLE_SCRIPT)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
         timeout=600,
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -80,7 +83,9 @@ def test_attributions_equal_inseq(inseq_case, method):
     for per_method in results:
         expected = per_method[method]
         ours = translator.attribute(
-            expected["source_ids"], expected["target_ids"], method,
+            expected["source_ids"],
+            expected["target_ids"],
+            method,
             steps=ORACLE_STEPS if method == "integrated_gradients" else None,
         )
         source, target = torch.tensor(expected["source"]), torch.tensor(expected["target"])
@@ -145,8 +150,11 @@ def _slow_alti_plus(reference, source_ids, target_ids):
     reference = reference.double()
     decoder_input = [reference.config.decoder_start_token_id, *target_ids[:-1]]
     out = reference(
-        input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_input]),
-        output_attentions=True, output_hidden_states=True, use_cache=False,
+        input_ids=torch.tensor([source_ids]),
+        decoder_input_ids=torch.tensor([decoder_input]),
+        output_attentions=True,
+        output_hidden_states=True,
+        use_cache=False,
     )
     to_list = lambda t: t[0].tolist()  # noqa: E731
     rollout = None
@@ -166,8 +174,12 @@ def _slow_alti_plus(reference, source_ids, target_ids):
         attended, _ = module.self_attn(hidden_states=y[None], attention_mask=_causal_mask(length))[:2]
         mixed = module.self_attn_layer_norm(y + attended[0])  # the cross-attention's queries and residual
         cross_c = _slow_block(
-            to_list(out.cross_attentions[layer]), encoder_out, mixed.tolist(), module.encoder_attn,
-            module.encoder_attn_layer_norm, False,
+            to_list(out.cross_attentions[layer]),
+            encoder_out,
+            mixed.tolist(),
+            module.encoder_attn,
+            module.encoder_attn_layer_norm,
+            False,
         )
         rows = []
         for i in range(length):

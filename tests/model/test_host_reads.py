@@ -29,8 +29,11 @@ def translator(shared_model_dir):
 def decode(translator, ids, beam_size, check_every, **extra):
     before = search.host_reads
     nbest = search.beam_search(
-        translator.model, ids, search.DecodingOptions(beam_size=beam_size, n_best=min(2, beam_size), **extra),
-        return_attention=True, check_every=check_every,
+        translator.model,
+        ids,
+        search.DecodingOptions(beam_size=beam_size, n_best=min(2, beam_size), **extra),
+        return_attention=True,
+        check_every=check_every,
     )
     return nbest, search.host_reads - before
 

@@ -34,13 +34,19 @@ def dev_sources(name: str) -> list[str]:
 def pair(request):
     """(name, fp32 translator, int8 translator) on the CPU."""
     name = request.param
-    return name, Translator.from_pretrained(name, device="cpu"), Translator.from_pretrained(name, device="cpu",
-                                                                                             dtype="int8")
+    return (
+        name,
+        Translator.from_pretrained(name, device="cpu"),
+        Translator.from_pretrained(name, device="cpu", dtype="int8"),
+    )
 
 
 def decode(translator: Translator, source_ids: list[list[int]]) -> list[list[int]]:
-    return [nbest[0].token_ids for begin in range(0, len(source_ids), 16)
-            for nbest in translator.generate(source_ids[begin : begin + 16], beam_size=4)]
+    return [
+        nbest[0].token_ids
+        for begin in range(0, len(source_ids), 16)
+        for nbest in translator.generate(source_ids[begin : begin + 16], beam_size=4)
+    ]
 
 
 def ctranslate2_outputs(name: str, translator: Translator, source_ids, quantization: str | None, directory: Path):
@@ -50,8 +56,9 @@ def ctranslate2_outputs(name: str, translator: Translator, source_ids, quantizat
     ctranslate2.converters.TransformersConverter(str(resolve_model_path(name))).convert(
         str(directory), quantization=quantization, force=True
     )
-    engine = ctranslate2.Translator(str(directory), device="cpu", compute_type=quantization or "float32",
-                                    intra_threads=1)
+    engine = ctranslate2.Translator(
+        str(directory), device="cpu", compute_type=quantization or "float32", intra_threads=1
+    )
     tokens = [translator.tokenizer.source_tokens(ids) for ids in source_ids]
     vocab = translator.tokenizer.target_vocab
     results = engine.translate_batch(tokens, beam_size=4, max_batch_size=16, return_end_token=True)

@@ -36,6 +36,7 @@ BEFORE_GUIDED_ALIGNMENT = {"en-zh": {"in_domain": 82.74, "gold": 95.42}, "zh-en"
 def recorded(name: str, part: str) -> float:
     return json.loads((RESULTS / "alignment.json").read_text())["models"][name][part]["service"]["aer"]
 
+
 pytestmark = pytest.mark.skipif(not (TATOEBA / "train.tsv").is_file(), reason=f"shared data missing at {DATA}")
 
 

@@ -48,10 +48,20 @@ def random_model(shape: str, seed: int = 0) -> Transformer:
     s = SHAPES[shape]
     pad = s["vocab"] - 1
     config = ModelConfig(
-        vocab_size=s["vocab"], d_model=s["d_model"], encoder_layers=2, decoder_layers=s["decoder_layers"],
-        encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
-        decoder_ffn_dim=s["ffn"], activation_function=s["activation"], max_position_embeddings=64,
-        pad_token_id=pad, eos_token_id=EOS, decoder_start_token_id=pad, dropout=0.0,
+        vocab_size=s["vocab"],
+        d_model=s["d_model"],
+        encoder_layers=2,
+        decoder_layers=s["decoder_layers"],
+        encoder_attention_heads=s["heads"],
+        decoder_attention_heads=s["heads"],
+        encoder_ffn_dim=s["ffn"],
+        decoder_ffn_dim=s["ffn"],
+        activation_function=s["activation"],
+        max_position_embeddings=64,
+        pad_token_id=pad,
+        eos_token_id=EOS,
+        decoder_start_token_id=pad,
+        dropout=0.0,
     )
     torch.manual_seed(seed)
     model = Transformer(config)
@@ -153,8 +163,13 @@ def test_ragged_rows_of_the_continuous_scheduler_decode_as_if_alone(extension, s
     requests = []
     for _ in range(10):
         beam = rng.choice((1, 1, 2, 4))
-        options = DecodingOptions(beam_size=beam, n_best=rng.randint(1, beam), length_penalty=rng.choice([1.0, 0.6]),
-                                  min_new_tokens=rng.choice([0, 3]), max_new_tokens=rng.choice([None, 8]))
+        options = DecodingOptions(
+            beam_size=beam,
+            n_best=rng.randint(1, beam),
+            length_penalty=rng.choice([1.0, 0.6]),
+            min_new_tokens=rng.choice([0, 3]),
+            max_new_tokens=rng.choice([None, 8]),
+        )
         requests.append((rng.randint(0, 10), random_sources(rng, model, 1)[0], options))
     alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
     pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
@@ -206,8 +221,9 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
     )
     env = {**os.environ, "CXX": "/bin/false", "TRANSLATE_RUNTIME_BUILD_DIR": str(tmp_path / "build")}
     env.pop(RUNTIME_ENV, None)
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["RUNTIME"].startswith("eager | the compiled step could not be built")

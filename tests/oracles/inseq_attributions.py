@@ -63,8 +63,12 @@ def attribute_pairs(directory: str, pairs: list[dict], request: dict) -> list[di
             final_step = method == "value_zeroing"
             arguments = {"n_steps": request["steps"]} if method == "integrated_gradients" else {}
             output = attribution_model.attribute(
-                pair["source"], generated_texts=pair["target"], attribute_target=True, show_progress=False,
-                step_scores=[] if final_step else ["probability"], **arguments,
+                pair["source"],
+                generated_texts=pair["target"],
+                attribute_target=True,
+                show_progress=False,
+                step_scores=[] if final_step else ["probability"],
+                **arguments,
             )
             sequence = output.sequence_attributions[0]
             if not final_step:  # inseq computes no step scores for value zeroing (one pass over the sequence)

@@ -14,7 +14,9 @@ subprocess. It holds two applications:
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,6 +75,7 @@ class Tolerance:
     # the normalisation, and the tiny models' rows total as little as 0.004 (FLOAT32_EPS / 0.004 ≈ 3e-5; measured
     # at most 1.1e-5). Bound: a few ulps of the cosine over the smallest total.
     VALUE_ZEROING = 3.4 * FLOAT32_EPS / 0.004  # ≈ 1e-4
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -217,6 +220,43 @@ def _stop(process: subprocess.Popen) -> None:
     """Ctrl-C for `serve run` (it shuts Serve and Ray down), then every process left in its OS session: killing
     only its process group left Serve's haproxy (a group of its own) running, orphaned, after the tests."""
     stop_process_group(process)
+
+
+# The second service's extra models: the shipped en-zh (it decodes slowly enough for a client to hang up mid-answer)
+# and the tiny en-zh with "alignment_shift": true in its config.json, as a model trained with shifted guided
+# alignment declares.
+SHIPPED_MODEL = "en-zh-shipped"
+SHIFT_MODEL = "en-zh-shift"
+
+
+def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, port: int) -> dict:
+    """The test config's main application alone, on `scheduler: continuous` with the shipped and the shift model
+    beside the tiny ones (one replica each)."""
+    config = serve_config_for_tests(models, metrics_root, port)
+    main = config["applications"][0]
+    main["args"].update({"scheduler": "continuous", "max_rows": 8})
+    for model_id, path in ((SHIPPED_MODEL, "en-zh"), (SHIFT_MODEL, str(models[SHIFT_MODEL]))):
+        main["args"]["models"].append({"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh"})
+        main["deployments"].append(
+            {"name": f"translator-{model_id}", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+        )
+    config["applications"] = [main]
+    return config
+
+
+@pytest.fixture(scope="session")
+def continuous_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
+    """Base URL of a second `serve run`, shared by every suite that needs the continuous scheduler or the shift
+    model (one start instead of one per suite): the tiny models first (a pair's default model is its first),
+    then SHIPPED_MODEL and SHIFT_MODEL."""
+    root = tmp_path_factory.mktemp("continuous")
+    shift = root / "tiny-en-zh-shift"
+    shutil.copytree(tiny_models["en-zh"], shift)
+    config_json = shift / "config.json"
+    config_json.write_text(json.dumps({**json.loads(config_json.read_text()), "alignment_shift": True}))
+    models = {**tiny_models, SHIFT_MODEL: shift}
+    for url, _, _ in serve_started(root, lambda port, metrics: continuous_config_for_tests(models, metrics, port)):
+        yield url
 
 
 @pytest.fixture(scope="session")

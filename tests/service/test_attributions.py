@@ -59,8 +59,12 @@ def test_the_attention_method_adds_no_attributions(client):
 
 @pytest.mark.parametrize(
     "extra",
-    [{"method": "gradcam"}, {"method": "saliency", "steps": 8}, {"method": "integrated_gradients", "steps": 0},
-     {"method": "integrated_gradients", "steps": 10_000}],
+    [
+        {"method": "gradcam"},
+        {"method": "saliency", "steps": 8},
+        {"method": "integrated_gradients", "steps": 0},
+        {"method": "integrated_gradients", "steps": 10_000},
+    ],
 )
 def test_bad_attribution_requests_are_422(client, extra):
     response = client.post("/v1/explain", json={"source": SOURCE, **EN_ZH, **extra})

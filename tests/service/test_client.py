@@ -123,9 +123,12 @@ def test_a_stream_is_retried_on_503_before_it_answers_as_translate_is():
     assert len(calls) == 3 and all(body == calls[0] for body in calls)  # the same request each time
 
     handler, calls, _ = overloaded_then_a_stream([503])
-    with TranslationClient(
-        "http://service", transport=httpx.MockTransport(handler), max_retries=2, backoff_s=0
-    ) as client, pytest.raises(ServiceError) as raised:
+    with (
+        TranslationClient(
+            "http://service", transport=httpx.MockTransport(handler), max_retries=2, backoff_s=0
+        ) as client,
+        pytest.raises(ServiceError) as raised,
+    ):
         list(client.translate_stream("Hi.", source_lang="en", target_lang="zh"))
     assert raised.value.code == "overloaded" and len(calls) == 3
 
@@ -155,8 +158,11 @@ def test_a_stream_whose_connection_fails_is_retried_then_raises_the_transport_er
         calls.append(request)
         raise httpx.ConnectError("connection refused")
 
-    with TranslationClient(
-        "http://service", transport=httpx.MockTransport(refused), max_retries=2, backoff_s=0
-    ) as client, pytest.raises(httpx.ConnectError):
+    with (
+        TranslationClient(
+            "http://service", transport=httpx.MockTransport(refused), max_retries=2, backoff_s=0
+        ) as client,
+        pytest.raises(httpx.ConnectError),
+    ):
         list(client.translate_stream("Hi.", model="en-zh"))
     assert len(calls) == 3

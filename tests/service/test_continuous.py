@@ -13,9 +13,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,10 +21,10 @@ import pytest
 
 from service.client import AsyncTranslationClient, ServiceError, TranslationClient
 from tests.harness.replica_processes import replica_pids
-from tests.service.conftest import CONTINUOUS, Tolerance, serve_config_for_tests, serve_started
+from tests.service.conftest import CONTINUOUS, SHIPPED_MODEL, Tolerance
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
-SHIPPED = "en-zh-shipped"
+SHIPPED = SHIPPED_MODEL
 TEXTS = [
     "Hello.",
     "The cat sat on the mat.",
@@ -38,20 +36,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def continuous_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
-    def config_for(port: int, metrics: Path) -> dict:
-        config = serve_config_for_tests(tiny_models, metrics, port)
-        main = config["applications"][0]
-        main["args"].update({"scheduler": "continuous", "max_rows": 8})
-        # the shipped en-zh too: the tiny models decode a whole text before a client could hang up
-        main["args"]["models"].append({"id": SHIPPED, "path": "en-zh", "source_lang": "en", "target_lang": "zh"})
-        main["deployments"].append(
-            {"name": f"translator-{SHIPPED}", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
-        )
-        return config
-
-    for url, _, _ in serve_started(tmp_path_factory.mktemp("continuous"), config_for):
-        yield url
+def continuous_url(continuous_service_url: str) -> str:
+    return continuous_service_url
 
 
 def translate(url: str, body: dict) -> httpx.Response:

@@ -208,7 +208,7 @@ def test_the_docker_image_and_the_kubernetes_manifests_set_the_same_retry():
                 assert values["RAY_SERVE_HAPROXY_RETRY_ON"] == HAPROXY_RETRY_ON, (name, container["name"])
     (command,) = [line for line in (repository / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
     program, flag, script = json.loads(command[4:])
-    shown = script.replace("exec serve run", "printf %s \"$RAY_SERVE_HAPROXY_RETRY_ON\" #")
+    shown = script.replace("exec serve run", 'printf %s "$RAY_SERVE_HAPROXY_RETRY_ON" #')
     environment = {"PATH": os.environ["PATH"], "SERVE_CONFIG": "deploy/serve.yaml"}
     assert subprocess.run([program, flag, shown], capture_output=True, text=True, env=environment).stdout == (
         HAPROXY_RETRY_ON

@@ -57,8 +57,11 @@ def prometheus_server(jobs: list[dict], root: Path) -> Iterator[str]:
     (root / "prometheus.yml").write_text(yaml.safe_dump(config))
     address = f"127.0.0.1:{free_port()}"
     command = [
-        binary("prometheus"), f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-        f"--web.listen-address={address}", "--log.level=warn",
+        binary("prometheus"),
+        f"--config.file={root / 'prometheus.yml'}",
+        f"--storage.tsdb.path={root / 'data'}",
+        f"--web.listen-address={address}",
+        "--log.level=warn",
     ]
     with open(root / "prometheus.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

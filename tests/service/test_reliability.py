@@ -81,9 +81,7 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
     body_for = lambda index: zh_en([CHINESE[index % len(CHINESE)]])
     load = threading.Thread(
         target=lambda: outcome.update(
-            result=asyncio.run(
-                run_load(f"{service_url}/v1/translate", body_for, 400, 4, timeout_s=45, deadline_s=6)
-            )
+            result=asyncio.run(run_load(f"{service_url}/v1/translate", body_for, 400, 4, timeout_s=45, deadline_s=6))
         )
     )
     load.start()
@@ -104,7 +102,6 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
         after = client.get(f"/v1/explanations/{explanation_id}")
         assert after.status_code == 200, after.text
         assert after.json()["cross_attention"] == explanation["cross_attention"]
-
 
 
 def serving_replicas(client: httpx.Client, port: int, deployment: str, count: int = 2) -> list[int]:

@@ -17,8 +17,15 @@ from tests.service.conftest import API_KEYS
 REPO = Path(__file__).resolve().parents[2]
 LEAKS = re.compile(r"Traceback|File \"|site-packages|/work/|/root/|/tmp/|Ray|ray\.|RayTaskError|pid=|0x[0-9a-f]{6,}")
 ALLOWED_HEADERS = {
-    "date", "server", "content-length", "content-type", "x-request-id",  # x-request-id: Ray Serve's, for tracing
-    "retry-after", "www-authenticate", "allow", "vary",
+    "date",
+    "server",
+    "content-length",
+    "content-type",
+    "x-request-id",  # x-request-id: Ray Serve's, for tracing
+    "retry-after",
+    "www-authenticate",
+    "allow",
+    "vary",
 }
 TRANSLATE = {"texts": ["I like tea."], "source_lang": "en", "target_lang": "zh", "max_length": 4}
 

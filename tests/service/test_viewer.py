@@ -8,10 +8,8 @@ go to artifacts/viewer/ (ignored by git).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 
 # The page and the test fetch the same explanation in two requests, perhaps from two replicas: equal to float32
 # rounding (Tolerance, tests/service/conftest.py).
-from tests.service.conftest import CONTINUOUS, Tolerance, serve_config_for_tests, serve_started
+from tests.service.conftest import CONTINUOUS, SHIFT_MODEL, Tolerance
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
 
@@ -73,43 +71,6 @@ def model(api: httpx.Client) -> dict:
     """The model the tests translate with: en→zh when there is one."""
     models = api.get("/v1/models").json()["models"]
     return next((m for m in models if (m["source_lang"], m["target_lang"]) == ("en", "zh")), models[0])
-
-
-@pytest.fixture(scope="module")
-def shift_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
-    """A second, smaller `serve run` (one ingress, one translator) of the tiny en-zh model with its config.json
-    declaring "alignment_shift": true, as a model trained with shifted guided alignment does."""
-    root = tmp_path_factory.mktemp("shift")
-    model_dir = root / "tiny-en-zh-shift"
-    shutil.copytree(tiny_models["en-zh"], model_dir)
-    config_json = model_dir / "config.json"
-    config_json.write_text(json.dumps({**json.loads(config_json.read_text()), "alignment_shift": True}))
-    models = {"en-zh": model_dir, "zh-en": tiny_models["zh-en"]}
-    for url, _, _ in serve_started(root, lambda port, metrics: small_config(models, metrics, port)):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def continuous_service_url(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[str]:
-    """A second, smaller `serve run` (one ingress, one en-zh translator) with `scheduler: continuous`, the one
-    scheduler whose /v1/translate/stream sends a token event per decoded token."""
-    root = tmp_path_factory.mktemp("continuous")
-    config_for = lambda port, metrics: small_config(tiny_models, metrics, port, scheduler="continuous")  # noqa: E731
-    for url, _, _ in serve_started(root, config_for):
-        yield url
-
-
-def small_config(models: dict[str, Path], metrics: Path, port: int, **args) -> dict:
-    """The test config cut to one ingress and one en-zh translator, one replica each, with `args` added."""
-    config = serve_config_for_tests(models, metrics, port)
-    main = config["applications"][0]
-    main["args"]["models"] = main["args"]["models"][:1]
-    main["args"].update(args)
-    main["deployments"] = [d for d in main["deployments"] if d["name"] in ("Ingress", "translator-en-zh")]
-    for deployment in main["deployments"]:
-        deployment["num_replicas"] = 1
-    config["applications"] = [main]
-    return config
 
 
 def open_page(browser: sync_api.Browser, service_url: str, color_scheme: str = "light", locale: str = "en-US"):
@@ -299,12 +260,12 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
         assert sum(cells[t, s] for s in range(len(words["source_words"]))) == pytest.approx(1, abs=1e-4)
 
 
-def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, shift_service_url):
+def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, continuous_service_url):
     """alignment_shift: row t of the alignment head is read at the step where token t is the decoder's input."""
-    with httpx.Client(base_url=shift_service_url, timeout=120) as api:
-        model = api.get("/v1/models").json()["models"][0]
+    with httpx.Client(base_url=continuous_service_url, timeout=120) as api:
+        model = next(m for m in api.get("/v1/models").json()["models"] if m["id"] == SHIFT_MODEL)
         assert model["alignment_shift"] is True and model["alignment_head"] is not None
-        context, page, errors = open_page(browser, shift_service_url)
+        context, page, errors = open_page(browser, continuous_service_url)
         try:
             explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
             assert explanation["alignment_shift"] is True
@@ -639,8 +600,8 @@ def test_a_pair_too_long_for_attributions_says_so_on_the_page(page, api, model):
     assert page.inner_text("#method-status") == ""
 
 
-@pytest.mark.parametrize("color_scheme", ["light", "dark"])
-@pytest.mark.parametrize("locale", ["en-US", "zh-CN"])
+# Each interface language once, each colour scheme once: the scheme changes colours only (what look_at shows).
+@pytest.mark.parametrize(("locale", "color_scheme"), [("en-US", "light"), ("zh-CN", "dark")])
 def test_long_sentence_renders_in_both_color_schemes_and_interface_languages(
     browser, service_url, model, color_scheme, locale
 ):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 FRAGMENTS = [
     "<p>I like <b>tea</b> very much.</p>",
-    '<p>The <a href="https://e.example/?a=1&amp;b=2" title=\'x\'>big dog</a> runs to the <em>house</em>.</p>',
+    "<p>The <a href=\"https://e.example/?a=1&amp;b=2\" title='x'>big dog</a> runs to the <em>house</em>.</p>",
     "<div>We <strong>drink</strong> water. The <i>cat</i> sat on the mat.<br>I see <span class=k>you</span>.</div>",
     "<p>I <b>like <i>green</i> tea</b>.</p>",  # nested: the tags stay between their text nodes
     "<p><b>I like tea. The cat sat.</b> We walk.</p>",  # an element over two sentences

@@ -155,6 +155,7 @@ def test_a_long_text_of_short_sentences_translates_instead_of_413(client):
     assert whole.status_code == 413 and whole.json()["error"]["code"] == "input_too_long"
     (translation,) = translate(client, [text], beam_size=1, max_length=8)
     assert len(translation["sentences"]) == text.count(".")
-    assert translation["sentences"][1]["target_tokens"] == alone(client, SENTENCES[1], beam_size=1, max_length=8)[
-        "target_tokens"
-    ]
+    assert (
+        translation["sentences"][1]["target_tokens"]
+        == alone(client, SENTENCES[1], beam_size=1, max_length=8)["target_tokens"]
+    )
