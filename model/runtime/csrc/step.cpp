@@ -2,7 +2,12 @@
 // best candidates, for one new position per row, in one call from Python. The arithmetic is model/transformer.py's
 // DecoderLayer.step (the reference it is tested against), on ATen ops, so it runs on any device ATen does; only the
 // int8 kernels (fbgemm's dynamic quantized linear) are CPU-only.
-#include <torch/extension.h>
+// ATen and the pybind11 casters for its types only: torch/extension.h pulls in the whole C++ frontend (torch::nn,
+// optim, data), which nothing here uses and which cost a fresh machine half of the build's time.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/native/quantized/PackedParams.h>
 
 #include <algorithm>
@@ -26,14 +31,14 @@ enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2, kOneDnn = 3 };
 // oneDNN's fp32 linear on a weight it laid out once (its blocked format), through the dispatcher.
 Tensor onednn_reorder(const Tensor& weight) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_reorder_linear_weight", "");
-  torch::jit::Stack stack{weight, c10::IValue()};
+  std::vector<c10::IValue> stack{weight, c10::IValue()};
   op.callBoxed(&stack);
   return stack[0].toTensor();
 }
 
 Tensor onednn_linear(const Tensor& x, const Tensor& packed, const Tensor& bias) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, packed, bias.defined() ? c10::IValue(bias) : c10::IValue(), std::string("none"),
+  std::vector<c10::IValue> stack{x, packed, bias.defined() ? c10::IValue(bias) : c10::IValue(), std::string("none"),
                           c10::List<std::optional<at::Scalar>>(), c10::IValue(std::string(""))};
   op.callBoxed(&stack);
   return stack[0].toTensor();
