@@ -1,0 +1,17 @@
+"""Benchmarks a user or maintainer reruns; each prints a table and writes its JSON report to bench/results/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_report(report: dict, output: str | Path | None, default_name: str) -> Path:
+    """Write a benchmark's JSON report to `output`, or bench/results/<default_name>; returns the path."""
+    path = Path(output) if output else RESULTS / default_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+    return path

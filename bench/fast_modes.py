@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import statistics
@@ -17,13 +16,12 @@ from pathlib import Path
 
 import torch
 
+from bench import write_report
 from bench.engine import convert_ctranslate2
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS
 from model.runtime import EagerStep
 from model.runtime.step import cpu_model
 from model.translator import Translator, resolve_model_path
-
-REPOSITORY = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("bench.fast_modes")
 
@@ -242,10 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         report["models"][name] = {"speed": speed, "ratios": speed_ratios(speed), "fidelity": fidelity}
     print(f"CPU: {report['machine']['cpu']}, {args.threads} thread(s)")
     print_tables(report)
-    output = Path(args.output or REPOSITORY / "bench" / "results" / "fast-modes-cpu.json")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {output}")
+    write_report(report, args.output, "fast-modes-cpu.json")
 
 
 if __name__ == "__main__":

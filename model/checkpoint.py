@@ -187,3 +187,16 @@ def save_model(model: Transformer, directory: str | Path, dtype: torch.dtype | N
     }
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     logger.info("saved model to %s", directory)
+
+
+MODEL_CARD_NAME = "README.md"
+MODEL_CARD_MAX_BYTES = 1 << 20  # a card is a page of text; a larger README is not read
+
+
+def read_model_card(directory: str | Path) -> str | None:
+    """The model card (README.md) of a Marian directory, if it has one: what it says of the training recipe
+    decides which head alignments are read from (ModelConfig.alignment_source)."""
+    card = Path(directory) / MODEL_CARD_NAME
+    if not card.is_file() or card.stat().st_size > MODEL_CARD_MAX_BYTES:
+        return None
+    return card.read_text(encoding="utf-8", errors="replace")

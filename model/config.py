@@ -8,6 +8,7 @@ at load time instead of translating wrongly.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,33 @@ _UNSUPPORTED_IF_TRUE = (
     "static_position_embeddings_disabled",
     "learned_pos_emb",
 )
+
+
+# A model card's training recipe line, as OPUS-MT's release notes and converted checkpoints' README.md write it
+# ("* model: transformer-align"); OPUS-MT-train's `-align` types are trained with guided alignment.
+_MODEL_TYPE_LINE = re.compile(r"^[\s*#>-]*model:\s*([A-Za-z0-9_.+-]+)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def marian_model_type(model_card: str | None) -> str | None:
+    """The `model:` a Marian model card names (transformer-align, transformer, ...), lower-cased; None: none."""
+    found = _MODEL_TYPE_LINE.search(model_card or "")
+    return found.group(1).lower() if found else None
+
+
+@dataclass(frozen=True)
+class AlignmentSource:
+    """The cross-attention head alignments are read from, and why.
+
+    reason: "declared" (config.json's alignment_layer/alignment_head); "marian guided alignment (model card)"
+    (the card names a `-align` recipe: Marian supervised the last layer's head 0); "marian default" (no
+    declaration and no card: Marian's guided-alignment head, which most OPUS-MT models trained); "fallback" (the
+    card names an unguided recipe: no head was trained to align, so the penultimate layer's head average, the
+    fairseq convention). head None: the layer's head average.
+    """
+
+    layer: int
+    head: int | None
+    reason: str
 
 
 @dataclass
@@ -89,12 +117,19 @@ class ModelConfig:
                 "config field decoder_vocab_size differs from vocab_size while share_encoder_decoder_embeddings is true"
             )
 
-    def alignment_source(self) -> tuple[int, int | None]:
-        """(layer, head) alignments are read from: the declared alignment head, else the penultimate
-        decoder layer with head None (its head average)."""
+    def alignment_source(self, model_card: str | None = None) -> AlignmentSource:
+        """Where alignments are read from, and why (AlignmentSource): config.json's declaration; else, for a
+        Marian model, the head Marian's guided alignment trains (the last decoder layer's head 0, at the
+        predicting step) unless its model card says it was trained without (`model: transformer`)."""
         if self.alignment_layer is not None:
-            return self.alignment_layer, self.alignment_head
-        return max(0, self.decoder_layers - 2), None
+            return AlignmentSource(self.alignment_layer, self.alignment_head, "declared")
+        last = self.decoder_layers - 1
+        model_type = marian_model_type(model_card)
+        if model_type is None:
+            return AlignmentSource(last, 0, "marian default")
+        if "-align" in model_type:
+            return AlignmentSource(last, 0, "marian guided alignment (model card)")
+        return AlignmentSource(max(0, self.decoder_layers - 2), None, "fallback")
 
     @property
     def target_vocab_size(self) -> int:

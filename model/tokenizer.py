@@ -93,24 +93,42 @@ def is_special_piece(piece: str) -> bool:
     return piece.startswith("<") and piece.endswith(">") and len(piece) > 2
 
 
+def is_lone_space(piece: str) -> bool:
+    """A piece that is the word boundary alone ("▁", sentencepiece's dummy prefix before a piece that lacks one)."""
+    return piece == WORD_BOUNDARY
+
+
 def word_groups(pieces: list[str]) -> list[list[int]]:
     """Group piece indices into words: a new word at each "▁" and around CJK characters.
 
     Chinese has no spaces, so each piece made of CJK characters is its own word; a
-    special token (</s>) is its own word too.
+    special token (</s>) is its own word too. A lone "▁" is the space before the word that follows it.
     """
     groups: list[list[int]] = []
+    spaces: list[int] = []  # lone "▁" pieces waiting for their word
     previous_cjk = False
     for index, piece in enumerate(pieces):
         special = is_special_piece(piece)
+        if is_lone_space(piece):
+            spaces.append(index)
+            continue
+        if spaces and special:  # nothing follows but </s>: the space ends the word before it
+            if groups:
+                groups[-1].extend(spaces)
+            else:
+                groups.append(spaces)
+            spaces = []
         text = piece.lstrip(WORD_BOUNDARY)
         cjk = bool(text) and all(is_cjk(c) for c in text)
-        starts_word = not groups or special or piece.startswith(WORD_BOUNDARY) or cjk or previous_cjk
+        starts_word = not groups or spaces or special or piece.startswith(WORD_BOUNDARY) or cjk or previous_cjk
         if starts_word:
-            groups.append([index])
+            groups.append([*spaces, index])
         else:
             groups[-1].append(index)
+        spaces = []
         previous_cjk = cjk or special
+    if spaces:
+        groups.append(spaces)
     return groups
 
 

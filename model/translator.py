@@ -19,7 +19,7 @@ from torch import Tensor
 
 from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
-from model.checkpoint import WEIGHTS_NAME, load_model
+from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explain import AttentionSteps, attention_steps, forced_decode
 from model.options import DecodingOptions
@@ -27,7 +27,7 @@ from model.runtime import load_step
 from model.runtime.step import weights_precision
 from model.scheduler import DecodeLoop, TokenCallback
 from model.search import Hypothesis, beam_search
-from model.tokenizer import MarianTokenizer, is_special_piece, word_groups
+from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,10 @@ def word_links(
     target_length, source_length = matrix.shape
     average = [[0.0] * target_length for _ in target_groups]
     for word, pieces in enumerate(target_groups):
-        for piece in pieces:
-            average[word][piece] = 1.0 / len(pieces)
+        # a lone "▁" is part of its word's text, not of what the word attends to (unless it is the whole word)
+        rows = [piece for piece in pieces if not is_lone_space(target_tokens[piece])] or pieces
+        for piece in rows:
+            average[word][piece] = 1.0 / len(rows)
     membership = [[0.0] * len(candidates) for _ in range(source_length)]
     for column, word in enumerate(candidates):
         for piece in source_groups[word]:
@@ -178,6 +180,7 @@ class Translator:
         weights_digest: str = "",
         exact_model: Transformer | None = None,
         step=None,
+        model_card: str | None = None,
     ) -> None:
         self.model = model  # what decodes (translate, generate, submit)
         # How each decoding step runs: the compiled runtime where it builds and suits, else the model's eager step
@@ -190,6 +193,9 @@ class Translator:
         self.name = name
         self.weights_digest = weights_digest
         self.config = model.config
+        # Which head alignments are read from and why: config.json's declaration, else what the model card
+        # (README.md) says of the training recipe (ModelConfig.alignment_source).
+        self.alignment = self.config.alignment_source(model_card)
 
     @classmethod
     def from_pretrained(
@@ -239,7 +245,10 @@ class Translator:
                 model.config.eos_token_id,
             )
         digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
-        return cls(model, tokenizer, name=directory.name, weights_digest=digest, step=step)
+        return cls(
+            model, tokenizer, name=directory.name, weights_digest=digest, step=step,
+            model_card=read_model_card(directory),
+        )
 
     @property
     def device(self) -> torch.device:
@@ -262,17 +271,19 @@ class Translator:
 
     @property
     def alignment_layer(self) -> int:
-        """The decoder layer alignments are read from: the model's declared one, else the penultimate."""
-        return self.alignment_head[0]
+        """The decoder layer alignments are read from (see alignment_head)."""
+        return self.alignment.layer
 
     @property
     def alignment_head(self) -> tuple[int, int | None]:
         """(layer, head) of the alignment head; head None means the layer's head average.
 
-        A model trained with guided alignment declares it in config.json (alignment_layer,
-        alignment_head); otherwise the penultimate layer's head average is used.
+        A model trained with guided alignment may declare it in config.json (alignment_layer, alignment_head);
+        without a declaration, Marian's: the last decoder layer's head 0, unless the model card says the model
+        was trained without guided alignment (then the penultimate layer's head average). `alignment.reason`
+        says which.
         """
-        return self.config.alignment_source()
+        return self.alignment.layer, self.alignment.head
 
     @property
     def alignment_shift(self) -> bool:

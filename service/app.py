@@ -257,46 +257,72 @@ class Ingress:
         summary="Translate one text, streamed as Server-Sent Events",
     )
     async def translate_stream(self, body: TranslateRequest) -> Response:
-        """One text. Events: `start` ({model, streams_tokens}); with `args.scheduler: continuous` and beam_size 1,
-        one `token` per decoded token ({index, piece, token_id, logprob, attention: the alignment head's weights
-        over the source tokens at the step that predicted it}); then `result` ({translation}: the object
-        /v1/translate returns for the text), or `error` ({error: {code, message}}) if the model call failed
-        after the first event (before it, the answer is the usual JSON error). Beam search streams no tokens:
-        until it ends, any beam may win. The text is not split into sentences. A client that disconnects stops
-        the decode."""
+        """One text, split into sentences as /v1/translate splits it and decoded one sentence after another.
+        Events: `start` ({model, streams_tokens, sentences}); with `args.scheduler: continuous` and beam_size 1,
+        one `token` per decoded token ({sentence, index, piece, token_id, logprob, attention: the alignment head's
+        weights over the source tokens at the step that predicted it}); after each sentence of a text of several,
+        `sentence` ({sentence, translation}); then `result` ({translation}: the object /v1/translate returns for
+        the text), or `error` ({error: {code, message}}) if a model call failed after the first event (before it,
+        the answer is the usual JSON error). Beam search streams no tokens: until it ends, any beam may win. A
+        client that disconnects stops the decode."""
         if len(body.texts) != 1:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
-        call = TranslateCall(
-            texts=body.texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
-        )
+        spec = self.specs[model]
+        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # as /v1/translate splits it
+        sentences = model_texts(body.texts, plans)
         handle = self.translators[model].options(stream=True)
 
-        async def first_event() -> tuple[Any, Any]:
-            stream = handle.translate_stream.remote(call)
-            try:
-                return await stream.__anext__(), stream
-            except BaseException:  # timed out, or its replica lost: self.call gives up or starts it again
-                stream.cancel()
-                raise
+        def first_event(sentence: str) -> Callable[[], Any]:
+            async def start() -> tuple[Any, Any]:
+                call = TranslateCall(
+                    texts=[sentence],
+                    options=body.decoding_options(),
+                    attention=body.attention,
+                    source_share=body.source_share,
+                )
+                stream = handle.translate_stream.remote(call)
+                try:
+                    return await stream.__anext__(), stream
+                except BaseException:  # timed out, or its replica lost: self.call gives up or starts it again
+                    stream.cancel()
+                    raise
 
-        first, stream = await self.call(first_event)  # nothing is sent before the first event: safe to retry
+            return start
+
+        first, stream = await self.call(first_event(sentences[0]))  # nothing sent before it: safe to retry
         if isinstance(first, Rejected):
             raise first.error
 
         async def events() -> AsyncIterator[bytes]:
             self.in_flight += 1
+            current = stream
             try:
-                yield server_sent_event(first)
+                yield server_sent_event({**first, "sentences": len(sentences)})
+                outcomes = []
                 try:
-                    async for event in stream:
-                        yield server_sent_event(event)
+                    for index in range(len(sentences)):
+                        if index:  # admitted already: not refused at the in-flight limit halfway through
+                            opened, current = await self.call(first_event(sentences[index]), limited=False)
+                            if isinstance(opened, Rejected):
+                                raise opened.error
+                        async for event in current:
+                            if event["type"] == "token":
+                                yield server_sent_event({**event, "sentence": index})
+                            elif event["type"] == "result":
+                                outcomes.append(event["translation"])
+                                if len(sentences) > 1:
+                                    yield server_sent_event(
+                                        {"type": "sentence", "sentence": index, "translation": event["translation"]}
+                                    )
+                    (translation,) = assemble(outcomes, plans, spec.target_lang)
+                    yield server_sent_event({"type": "result", "translation": translation})
                 except Exception as error:  # the answer has begun (200): the failure is its last event
                     _, code, message, _ = describe(error, self.config.retry_after_s)
                     yield server_sent_event({"type": "error", "error": {"code": code, "message": message}})
             finally:
                 self.in_flight -= 1
-                stream.cancel()  # a client gone mid-stream: the translator stops decoding
+                current.cancel()  # a client gone mid-stream: the translator stops decoding
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -183,7 +183,7 @@ class TranslationClient(_Client):
         model: str | None = None,
         **options: Any,
     ) -> Iterator[dict]:
-        """POST /v1/translate/stream: the events as they arrive ("start", "token"s, "result"); options as
+        """POST /v1/translate/stream: the events as they arrive ("start", "token"s, "sentence"s, "result"); options as
         translate. Breaking out of the loop closes the connection, and the service stops decoding. A 503 or a
         failed connection is retried as translate's are, only before the stream has answered."""
         body = _stream_body(text, source_lang, target_lang, model, options)

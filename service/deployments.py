@@ -104,6 +104,7 @@ class TranslatorDeployment:
             "alignment_layer": self.translator.alignment_layer,
             "alignment_head": self.translator.alignment_head[1],
             "alignment_shift": self.translator.alignment_shift,
+            "alignment_source": self.translator.alignment.reason,
             "max_source_tokens": config.max_position_embeddings,
             "max_text_characters": V1_MAX_TEXT_CHARS,  # /v1's limit
         }

@@ -353,6 +353,13 @@ class ModelInfo(BaseModel):
         description="true: target token t's alignment is read from the alignment head's row at the step where t is "
         "the decoder's input (one row later than the step that predicted it); false: from the row that predicted t."
     )
+    alignment_source: str = Field(
+        description="Why alignments are read from that head and step: `declared` (config.json's alignment_layer and "
+        "alignment_head), `marian guided alignment (model card)` (its README.md names a -align recipe: Marian trained "
+        "the last layer's head 0), `marian default` (no declaration, no recipe named: the head Marian's guided "
+        "alignment trains, as most OPUS-MT models were), `fallback` (the card names a recipe without guided "
+        "alignment: the penultimate layer's head average)."
+    )
     max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")
     max_text_characters: int = Field(description="The most characters a text may have.")
 

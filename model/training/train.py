@@ -284,7 +284,8 @@ class AlignmentMonitor:
         from model.training.evaluate_alignment import gold_items, link_items
 
         self.tokenizer = tokenizer
-        self.layer, self.head = config.alignment_source()
+        source = config.alignment_source()
+        self.layer, self.head = source.layer, source.head
         self.shift = config.alignment_shift
         self.sets = {}
         if options.alignment_dev:

@@ -253,15 +253,17 @@ export function showAttention(explanation) {
 export function describeAlignmentHead() {
   const e = state.explanation;
   if (!e) return;
-  const { layer, head, shift } = alignmentSource(e);
+  const { layer, head, shift, reason } = alignmentSource(e);
   const note = $("#alignment-head-note");
   if (layer === undefined || layer === null) {
     note.textContent = "";
     return;
   }
   const where = head === null ? t("alignment_head_avg", { layer: layer + 1 }) : t("alignment_head", { layer: layer + 1, head: head + 1 });
-  // A shifted reading is not what "attention while predicting" suggests: say so, or the rows look off by one.
-  note.textContent = shift ? `${where} ${t("alignment_shifted")}` : where;
+  // Why that head, as /v1/models says (alignment_source): declared, Marian's guided-alignment head, or the fallback.
+  const why = { declared: "alignment_declared", "marian guided alignment (model card)": "alignment_marian_card", "marian default": "alignment_marian_default", fallback: "alignment_fallback" }[reason];
+  const step = shift ? t("alignment_shifted") : t("alignment_predicting");
+  note.textContent = [where, why ? t(why) : "", step].filter(Boolean).join(" ");
 }
 
 /** After a language switch: the words of the panel that are not in index.html. */

@@ -35,7 +35,7 @@ export function languages() {
 
 /**
  * The map alignments are read from, as GET /v1/models states it for the model (the explanation carries the
- * same): {layer, head, shift}, head null for the layer's head average, shift true when target token t is read
+ * same): {layer, head, shift, reason}, head null for the layer's head average, shift true when target token t is read
  * at the step where it is the decoder's input (one step after the step that predicted it).
  */
 export function alignmentSource(explanation) {
@@ -44,6 +44,7 @@ export function alignmentSource(explanation) {
     layer: info.alignment_layer ?? explanation.alignment_layer,
     head: info.alignment_head !== undefined ? info.alignment_head : explanation.alignment_head ?? null,
     shift: Boolean(info.alignment_shift ?? explanation.alignment_shift),
+    reason: info.alignment_source ?? null,
   };
 }
 

@@ -37,18 +37,38 @@ export function continuesWord(pieces, index) {
   return !isCjk(text) && !isSpecial(previous) && !isCjk(previous.replaceAll(WORD_BOUNDARY, ""));
 }
 
-/** Group piece indices into words: a new word at each ▁, around CJK pieces and special tokens. */
+/** A piece that is the word boundary alone: the space before the word that follows it. */
+export function isLoneSpace(piece) {
+  return piece === WORD_BOUNDARY;
+}
+
+/**
+ * Group piece indices into words: a new word at each ▁, around CJK pieces and special tokens; a lone ▁
+ * joins the word that follows it (model/tokenizer.py's word_groups).
+ */
 export function wordGroups(pieces) {
   const groups = [];
+  let spaces = [];
   let previousCjk = false;
   pieces.forEach((piece, index) => {
     const special = isSpecial(piece);
+    if (isLoneSpace(piece)) {
+      spaces.push(index);
+      return;
+    }
+    if (spaces.length && special) {
+      if (groups.length) groups[groups.length - 1].push(...spaces);
+      else groups.push(spaces);
+      spaces = [];
+    }
     const text = piece.replace(/^\u2581+/, "");
     const cjk = isCjk(text);
-    if (!groups.length || special || piece.startsWith(WORD_BOUNDARY) || cjk || previousCjk) groups.push([index]);
+    if (!groups.length || spaces.length || special || piece.startsWith(WORD_BOUNDARY) || cjk || previousCjk) groups.push([...spaces, index]);
     else groups[groups.length - 1].push(index);
+    spaces = [];
     previousCjk = cjk || special;
   });
+  if (spaces.length) groups.push(spaces);
   return groups;
 }
 
@@ -59,8 +79,8 @@ export function wordLabel(pieces, group) {
 
 /**
  * A token-level view of one explanation: labels, a T×S matrix, alignment pairs and log-probabilities.
- * Word view: a target word's row is the mean of its pieces' rows; a source word's column is the sum
- * of its pieces' columns (attention mass), so rows still sum to 1. Log-probabilities of a word add up.
+ * Word view: a target word's row is the mean of its pieces' rows (a lone ▁ left out); a source word's column
+ * is the sum of its pieces' columns (attention mass), so rows still sum to 1. Log-probabilities of a word add up.
  */
 export function buildView(mode, sourcePieces, targetPieces, matrix, alignment, tokenScores) {
   if (mode !== "words") {
@@ -78,13 +98,16 @@ export function buildView(mode, sourcePieces, targetPieces, matrix, alignment, t
   sourceGroups.forEach((g, w) => g.forEach((i) => sourceWordOf.set(i, w)));
   const targetWordOf = new Map();
   targetGroups.forEach((g, w) => g.forEach((i) => targetWordOf.set(i, w)));
-  const words = targetGroups.map((tg) =>
-    sourceGroups.map((sg) => {
+  const words = targetGroups.map((tg) => {
+    // a lone ▁ is part of its word's text, not of what the word attends to (unless it is the whole word)
+    const spoken = tg.filter((t) => !isLoneSpace(targetPieces[t]));
+    const rows = spoken.length ? spoken : tg;
+    return sourceGroups.map((sg) => {
       let total = 0;
-      for (const t of tg) for (const s of sg) total += matrix[t][s];
-      return total / tg.length;
-    }),
-  );
+      for (const t of rows) for (const s of sg) total += matrix[t][s];
+      return total / rows.length;
+    });
+  });
   const seen = new Set();
   const pairs = [];
   for (const [s, t] of alignment) {

@@ -135,9 +135,14 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         bias.copy_(0.5 * torch.randn(bias.shape, generator=generator).reshape(bias.shape))
 
 
-def make_model_dir(directory: Path, shared: bool = True, seed: int = 0, **overrides) -> Path:
-    """A random model written by our own checkpoint writer."""
+def make_model_dir(
+    directory: Path, shared: bool = True, seed: int = 0, model_card: str | None = None, **overrides
+) -> Path:
+    """A random model written by our own checkpoint writer; model_card: its README.md (an OPUS-MT card names the
+    training recipe, which decides the alignment head of a model that declares none)."""
     source_vocab, target_vocab = write_tokenizer_files(directory, shared, seed)
+    if model_card is not None:
+        (directory / "README.md").write_text(model_card, encoding="utf-8")
     config = ModelConfig(**tiny_config_values(source_vocab, target_vocab, shared, **overrides))
     torch.manual_seed(seed)
     model = Transformer(config)
@@ -146,14 +151,21 @@ def make_model_dir(directory: Path, shared: bool = True, seed: int = 0, **overri
     return directory
 
 
-def make_hf_model_dir(directory: Path, shared: bool = True, seed: int = 0, **overrides) -> Path:
-    """A random model written by transformers' MarianMTModel (the oracle's own format)."""
+def make_hf_model_dir(
+    directory: Path, shared: bool = True, seed: int = 0, init_std: float | None = None, **overrides
+) -> Path:
+    """A random model written by transformers' MarianMTModel (the oracle's own format). init_std: transformers'
+    own initialisation at that standard deviation (every tensor a real checkpoint has, and nothing else, as
+    another engine's converter expects); None: `randomize`d, layer norms and output bias included."""
     from transformers import MarianConfig, MarianMTModel
 
     source_vocab, target_vocab = write_tokenizer_files(directory, shared, seed)
     values = tiny_config_values(source_vocab, target_vocab, shared, **overrides)
     torch.manual_seed(seed)
-    model = MarianMTModel(MarianConfig(**values, dropout=0.0))
-    randomize(model, seed)
+    if init_std is not None:
+        model = MarianMTModel(MarianConfig(**values, dropout=0.0, init_std=init_std))
+    else:
+        model = MarianMTModel(MarianConfig(**values, dropout=0.0))
+        randomize(model, seed)
     model.save_pretrained(directory)
     return directory

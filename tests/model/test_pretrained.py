@@ -77,3 +77,26 @@ def test_chinese_source_text_does_not_start_with_a_lone_word_boundary_piece():
     translator = Translator.from_pretrained("zh-en", device=DEVICE)
     for text in ["到了你该去睡觉的时候了。", "我也是这么想的。", "今天很冷。"]:
         assert translator.tokenizer.source_tokens(translator.encode_source([text])[0])[0] != "\u2581"
+
+
+def test_a_chinese_translation_that_begins_with_a_lone_word_boundary_has_it_in_its_first_word():
+    """The shipped en-zh begins some outputs with a lone "▁" (the target vocabulary's dummy prefix): the piece view
+    keeps it, the words put it in the word that follows (no word that is only a space)."""
+    translator = Translator.from_pretrained("en-zh", device=DEVICE)
+    # dev sentences (Tatoeba) whose beam-4 output began with one; and two that do not
+    texts = [
+        "The meat has gone bad.",
+        "Edison invented many useful things.",
+        "Can you please shut up?",
+        "French isn't Tom's native language.",
+        "I like tea.",
+        "Where is the station?",
+    ]
+    translations = translator.translate(texts, beam_size=4)
+    lone = [t for t in translations if t.target_tokens[0] == "\u2581"]
+    assert lone, "none of these outputs begins with a lone ▁: choose texts that show it"
+    for translation in translations:
+        assert all(word.strip() for word in translation.target_words), translation.target_words
+        assert [t for _, t in translation.word_alignment] == list(range(len(translation.target_words)))
+    for translation in lone:
+        assert translation.target_words[0] == translation.text[: len(translation.target_words[0])]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,19 +55,56 @@ def most_attended(attention: torch.Tensor) -> list[tuple[int, int]]:
     return [(source, target) for target, source in enumerate(attention[:, :-1].argmax(dim=-1).tolist())]
 
 
-def test_alignment_follows_the_penultimate_layer_head_average(model_dir, translator):
+def with_model_card(model_dir: Path, directory: Path, card: str) -> Path:
+    shutil.copytree(model_dir, directory)
+    (directory / "README.md").write_text(card, encoding="utf-8")
+    return directory
+
+
+def test_without_a_declaration_the_alignment_is_marians_guided_alignment_head(model_dir, translator):
+    """No declaration, no model card: the last decoder layer's head 0 at the predicting step, the head Marian's
+    guided alignment trains (transformers' maps as the oracle)."""
+    assert translator.alignment.reason == "marian default"
     translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
     maps = oracle_cross_attention(model_dir, translations)
-    penultimate = translator.config.decoder_layers - 2
+    last = translator.config.decoder_layers - 1
+    assert translator.alignment_head == (last, 0) and not translator.alignment_shift
     for translation, attention in zip(translations, maps, strict=True):
-        assert translation.alignment == most_attended(attention[penultimate].mean(0))
-        assert attention_links(alignment_matrix(attention, penultimate, None)) == translation.alignment
+        assert translation.alignment == most_attended(attention[last, 0])
         assert all(source < len(translation.source_ids) - 1 for source, _ in translation.alignment)
-    # the sentences tell the wrong readings apart: the last layer, one head, </s> taken for a word
-    assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[-1].mean(0)) for a in maps)
-    assert any(most_attended(a[penultimate].mean(0)) != most_attended(a[penultimate, 0]) for a in maps)
-    if DEVICE == "cpu":  # the sentences were chosen on the CPU's translations of this random model
-        assert any((a[penultimate].mean(0).argmax(dim=-1) == a.shape[-1] - 1).any() for a in maps)
+    # the sentences tell the readings apart: the penultimate layer's head average, another head
+    assert any(most_attended(a[last, 0]) != most_attended(a[last - 1].mean(0)) for a in maps)
+    assert any(most_attended(a[last, 0]) != most_attended(a[last, 1]) for a in maps)
+
+
+@pytest.mark.parametrize(
+    ("card", "reason"),
+    [
+        ("# opus-mt\n\n* model: transformer-align\n", "marian guided alignment (model card)"),
+        ("* dataset: opus\n* model: transformer\n", "fallback"),
+    ],
+)
+def test_a_model_card_says_whether_marians_head_was_trained(model_dir, tmp_path, card, reason):
+    """OPUS-MT's model cards name the recipe: `-align` trained head 0 of the last layer; plain `transformer`
+    trained no head to align, so the penultimate layer's head average is the documented fallback."""
+    translator = Translator.from_pretrained(with_model_card(model_dir, tmp_path / "card", card), device=DEVICE)
+    assert translator.alignment.reason == reason
+    translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
+    maps = oracle_cross_attention(model_dir, translations)
+    last = translator.config.decoder_layers - 1
+    for translation, attention in zip(translations, maps, strict=True):
+        row = attention[last, 0] if reason != "fallback" else attention[last - 1].mean(0)
+        assert translation.alignment == most_attended(row)
+        assert attention_links(alignment_matrix(attention, *translator.alignment_head)) == translation.alignment
+
+
+def test_a_declaration_in_config_json_wins_over_the_model_card(tmp_path_factory, tmp_path):
+    directory = make_model_dir(
+        tmp_path_factory.mktemp("declared"), shared=True, seed=7, alignment_layer=1, alignment_head=2
+    )
+    card = with_model_card(directory, tmp_path / "card", "* model: transformer\n")
+    translator = Translator.from_pretrained(card, device=DEVICE)
+    assert translator.alignment_head == (1, 2) and translator.alignment.reason == "declared"
 
 
 def test_a_declared_alignment_head_is_read_alone(tmp_path_factory):
@@ -111,6 +150,33 @@ def test_word_links_are_the_per_word_arithmetic_they_name():
 def test_word_groups_merge_pieces_and_split_chinese():
     assert word_groups(["▁The", "▁qu", "ick", "▁fox", ".", "</s>"]) == [[0], [1, 2], [3, 4], [5]]
     assert word_groups(["▁我", "喜欢", "猫", "。", "</s>"]) == [[0], [1], [2], [3], [4]]
+
+
+# Pieces as the shipped en-zh writes them (a lone "▁", sentencepiece's dummy prefix, before a piece without one),
+# and the words they make.
+LONE_SPACE_CASES = [
+    (["▁", "我", "喜欢", "猫", "。", "</s>"], [[0, 1], [2], [3], [4], [5]]),
+    (["▁The", "▁", "5", "▁cats", "</s>"], [[0], [1, 2], [3], [4]]),
+    (["▁我", "喜欢", "▁", "</s>"], [[0], [1, 2], [3]]),
+    (["▁", "▁", "ab", "c", "</s>"], [[0, 1, 2, 3], [4]]),
+    (["▁", "</s>"], [[0], [1]]),
+]
+
+
+@pytest.mark.parametrize(("pieces", "groups"), LONE_SPACE_CASES)
+def test_a_lone_word_boundary_belongs_to_the_word_that_follows(pieces, groups):
+    assert word_groups(pieces) == groups
+
+
+def test_a_lone_word_boundary_adds_nothing_to_its_words_attention():
+    """The "▁" row of "▁ 我" says nothing of what 我 attends to: the word's row is 我's alone."""
+    source = ["▁I", "▁like", "▁cats", ".", "</s>"]
+    target = ["▁", "我", "喜欢", "猫", "。", "</s>"]
+    matrix = torch.full((len(target), len(source)), 0.01)
+    matrix[0, 2] = 0.96  # the lone ▁ looks at "cats" ...
+    matrix[1, 0] = 0.6  # ... 我 at "I"
+    pairs, _, target_words = word_links(matrix, source, target)
+    assert target_words[0] == "我" and pairs[0] == (0, 0)
 
 
 def test_n_best_alternatives_are_returned(translator):

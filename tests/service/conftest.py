@@ -143,13 +143,18 @@ def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> None:
     raise RuntimeError(f"{url} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-6000:]}")
 
 
+# An OPUS-MT-style model card of a model trained without guided alignment (OPUS-MT-train's `transformer` type).
+UNGUIDED_MODEL_CARD = "# tiny-zh-en\n\n* dataset: synthetic\n* model: transformer\n"
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     return {
-        # en-zh declares an alignment head (as a guided-alignment model does); zh-en does not.
+        # en-zh declares an alignment head (as a guided-alignment model does); zh-en declares none and its model
+        # card names a recipe without guided alignment, so its alignments come from the fallback (a head average).
         "en-zh": make_model_dir(root / "tiny-en-zh", shared=True, seed=0, alignment_layer=1, alignment_head=2),
-        "zh-en": make_model_dir(root / "tiny-zh-en", shared=False, seed=1),
+        "zh-en": make_model_dir(root / "tiny-zh-en", shared=False, seed=1, model_card=UNGUIDED_MODEL_CARD),
     }
 
 

@@ -42,9 +42,12 @@ def test_models_describes_each_model(client):
     assert models["en-zh"]["source_lang"] == "en" and models["en-zh"]["target_lang"] == "zh"
     assert len(models["en-zh"]["weights_digest"]) == 16
     assert models["en-zh"]["decoder_layers"] == 2 and models["en-zh"]["decoder_attention_heads"] == 4
-    # the alignment head a model directory declares, or its penultimate layer's head average (null)
+    # the alignment head a model directory declares; or, where its model card names a recipe without guided
+    # alignment, the penultimate layer's head average (null)
     assert (models["en-zh"]["alignment_layer"], models["en-zh"]["alignment_head"]) == (1, 2)
+    assert models["en-zh"]["alignment_source"] == "declared"
     assert (models["zh-en"]["alignment_layer"], models["zh-en"]["alignment_head"]) == (0, None)
+    assert models["zh-en"]["alignment_source"] == "fallback"
 
 
 def test_translate_returns_tokens_scores_alignment_and_an_explanation_id(client):

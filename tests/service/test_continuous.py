@@ -90,7 +90,7 @@ def stream(url: str, body: dict) -> list[dict]:
 def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(continuous_url):
     text = "Tom reads a very long book about the history of the railway."
     events = stream(continuous_url, {**EN_ZH, "texts": [text], "beam_size": 1, "attention": "summary"})
-    assert events[0] == {"type": "start", "model": "en-zh", "streams_tokens": True}
+    assert events[0] == {"type": "start", "model": "en-zh", "streams_tokens": True, "sentences": 1}
     tokens, result = events[1:-1], events[-1]
     assert result["type"] == "result" and all(e["type"] == "token" for e in tokens)
     translation = result["translation"]
@@ -124,6 +124,50 @@ def test_a_beam_stream_sends_the_result_only_and_static_streams_never_send_token
     if not CONTINUOUS:  # the session's service runs the static scheduler unless TRANSLATE_TEST_SCHEDULER says
         static = stream(service_url, {**body, "beam_size": 1})
         assert [e["type"] for e in static] == ["start", "result"]
+
+
+# The text of issue #31: /v1/translate splits it, and a stream that did not ended on another translation.
+SEVERAL_SENTENCES = "I tried to go home. I don't approve of it after dark. They work together."
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_a_text_of_several_sentences_streams_sentence_by_sentence_and_ends_as_translate_answers(
+    continuous_url, service_url, scheduler, beam_size
+):
+    """Split as /v1/translate splits it; `sentence` events in order; the result is /v1/translate's object. The
+    continuous service on the shipped en-zh (the text the issue reported), the session's on the tiny one."""
+    url, model = (continuous_url, SHIPPED) if scheduler == "continuous" else (service_url, "en-zh")
+    body = {"model": model, "texts": [SEVERAL_SENTENCES], "beam_size": beam_size}
+    events = stream(url, dict(body))
+    expected = translate(url, body).json()["translations"][0]
+    assert len(expected["sentences"]) == 3
+    assert events[0]["type"] == "start" and events[0]["sentences"] == 3
+    assert events[-1]["type"] == "result"
+    translation = events[-1]["translation"]
+    for key in ("text", "source_tokens", "target_tokens", "alignment", "word_alignment", "explanation_id"):
+        assert translation[key] == expected[key], key
+    assert translation["token_scores"] == pytest.approx(expected["token_scores"], abs=Tolerance.SCORE)
+    for got, want in zip(translation["sentences"], expected["sentences"], strict=True):
+        assert (got["text"], got["explanation_id"]) == (want["text"], want["explanation_id"])
+
+    done = [e for e in events if e["type"] == "sentence"]
+    assert [e["sentence"] for e in done] == [0, 1, 2]
+    assert [e["translation"]["text"] for e in done] == [s["text"] for s in expected["sentences"]]
+    # in order: each sentence's tokens (when tokens stream), indexed within it, then its `sentence` event
+    streamed = events[0]["streams_tokens"]
+    expected_order = [
+        (kind, index, position)
+        for index, sentence in enumerate(expected["sentences"])
+        for kind, position in [
+            *(("token", t) for t in range(len(sentence["target_tokens"]) if streamed else 0)),
+            ("sentence", None),
+        ]
+    ]
+    order = [(e["type"], e["sentence"], e.get("index")) for e in events[1:-1]]
+    assert order == expected_order
+    pieces = [[e["piece"] for e in events if e["type"] == "token" and e["sentence"] == i] for i in range(3)]
+    assert pieces == ([s["target_tokens"] for s in expected["sentences"]] if streamed else [[], [], []])
 
 
 def test_the_async_client_streams_the_same_events(continuous_url):

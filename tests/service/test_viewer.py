@@ -217,6 +217,8 @@ def test_heatmap_has_one_cell_per_target_and_source_token_with_the_explanations_
     expected = alignment_map(explanation)
     note = page.inner_text("#alignment-head-note")
     assert f"layer {explanation['alignment_layer'] + 1}" in note
+    # and why that head, as /v1/models says (the tiny en-zh declares it in its config.json)
+    assert model["alignment_source"] == "declared" and "config.json" in note
     if explanation["alignment_head"] is not None:
         assert f"head {explanation['alignment_head'] + 1}" in note
         assert page.input_value("#head-select") == str(explanation["alignment_head"])
@@ -737,3 +739,22 @@ def test_api_docs_render_offline_from_the_services_own_files(browser, service_ur
     finally:
         context.close()
     assert refused == []
+
+
+def test_the_pages_word_grouping_is_the_services(page):
+    """tokens.js groups pieces into words as model/tokenizer.py does, a lone ▁ included (word view, lines)."""
+    from model.tokenizer import word_groups
+
+    cases = [
+        ["▁", "我", "喜欢", "猫", "。", "</s>"],
+        ["▁The", "▁", "5", "▁cats", "</s>"],
+        ["▁我", "喜欢", "▁", "</s>"],
+        ["▁", "▁", "ab", "c", "</s>"],
+        ["▁", "</s>"],
+        ["▁The", "▁qu", "ick", "▁fox", ".", "</s>"],
+    ]
+    grouped = page.evaluate(
+        "async (cases) => { const t = await import('/static/tokens.js'); return cases.map((c) => t.wordGroups(c)); }",
+        cases,
+    )
+    assert grouped == [word_groups(pieces) for pieces in cases]
