@@ -72,6 +72,16 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 INFO_CACHE_S = 10.0
 
 
+async def with_ahead(ahead: list, stream: Any) -> AsyncIterator[Any]:
+    """The rest of a stream: the events already taken from it (all of it), or else what it sends from now on."""
+    if ahead:
+        for event in ahead:
+            yield event
+        return
+    async for event in stream:
+        yield event
+
+
 def server_sent_event(event: dict) -> bytes:
     """One SSE message: `event: <type>` and the event as one line of JSON."""
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
@@ -274,7 +284,7 @@ class Ingress:
         handle = self.translators[model].options(stream=True)
 
         def first_event(sentence: str) -> Callable[[], Any]:
-            async def start() -> tuple[Any, Any]:
+            async def start() -> tuple[Any, Any, list]:
                 call = TranslateCall(
                     texts=[sentence],
                     options=body.decoding_options(),
@@ -283,14 +293,19 @@ class Ingress:
                 )
                 stream = handle.translate_stream.remote(call)
                 try:
-                    return await stream.__anext__(), stream
+                    opened = await stream.__anext__()
+                    # Without token events the result is decoded before `start` is sent: take it inside this
+                    # retried call too, so that a replica lost between the two costs a resend, not an error event.
+                    tokens = isinstance(opened, Rejected) or opened["streams_tokens"]
+                    ahead = [] if tokens else [event async for event in stream]
+                    return opened, stream, ahead
                 except BaseException:  # timed out, or its replica lost: self.call gives up or starts it again
                     stream.cancel()
                     raise
 
             return start
 
-        first, stream = await self.call(first_event(sentences[0]))  # nothing sent before it: safe to retry
+        first, stream, first_ahead = await self.call(first_event(sentences[0]))  # nothing sent yet: safe to retry
         if isinstance(first, Rejected):
             raise first.error
 
@@ -302,11 +317,12 @@ class Ingress:
                 outcomes = []
                 try:
                     for index in range(len(sentences)):
+                        ahead = first_ahead
                         if index:  # admitted already: not refused at the in-flight limit halfway through
-                            opened, current = await self.call(first_event(sentences[index]), limited=False)
+                            opened, current, ahead = await self.call(first_event(sentences[index]), limited=False)
                             if isinstance(opened, Rejected):
                                 raise opened.error
-                        async for event in current:
+                        async for event in with_ahead(ahead, current):
                             if event["type"] == "token":
                                 yield server_sent_event({**event, "sentence": index})
                             elif event["type"] == "result":
