@@ -283,14 +283,14 @@ class Ingress:
         sentences = model_texts(body.texts, plans)
         handle = self.translators[model].options(stream=True)
 
+        options = body.decoding_options()
+
         def first_event(sentence: str) -> Callable[[], Any]:
+            call = TranslateCall(
+                texts=[sentence], options=options, attention=body.attention, source_share=body.source_share
+            )
+
             async def start() -> tuple[Any, Any, list]:
-                call = TranslateCall(
-                    texts=[sentence],
-                    options=body.decoding_options(),
-                    attention=body.attention,
-                    source_share=body.source_share,
-                )
                 stream = handle.translate_stream.remote(call)
                 try:
                     opened = await stream.__anext__()

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 from bench import write_report
+from bench.alignment import DATA
 from model.alignment import alignment_matrix, shift_rows
 from model.training.evaluate_alignment import AlignmentItem, ForcedMaps, forced_maps
 from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and, transpose
 from model.translator import Translator
 
-DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "alignment-tatoeba-zh-en" / "dev.json"
+DEV = DATA / "alignment-tatoeba-zh-en" / "dev.json"
 THRESHOLDS = (0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25)
 
 

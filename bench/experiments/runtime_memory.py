@@ -21,14 +21,11 @@ import torch
 
 from bench import write_report
 from bench.fidelity import DEFAULT_DEV
+from bench.soak import resident_mib
 from model.runtime.step import cpu_model
 from model.translator import Translator
 
 SAMPLE_EVERY = 100
-
-
-def resident_mib() -> float:
-    return int(Path(f"/proc/{os.getpid()}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     samples, started = [], time.monotonic()
     for decode in range(args.decodes + 1):
         if decode % SAMPLE_EVERY == 0:
-            samples.append({"decodes": decode, "rss_mib": round(resident_mib(), 1),
+            samples.append({"decodes": decode, "rss_mib": resident_mib(os.getpid()),
                             "seconds": round(time.monotonic() - started, 1)})  # fmt: skip
             print(f"{runtime}: {decode} decodes, {samples[-1]['rss_mib']} MiB", flush=True)
         batch = rng.sample(texts, rng.randint(1, 16))

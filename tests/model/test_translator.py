@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -55,12 +53,6 @@ def most_attended(attention: torch.Tensor) -> list[tuple[int, int]]:
     return [(source, target) for target, source in enumerate(attention[:, :-1].argmax(dim=-1).tolist())]
 
 
-def with_model_card(model_dir: Path, directory: Path, card: str) -> Path:
-    shutil.copytree(model_dir, directory)
-    (directory / "README.md").write_text(card, encoding="utf-8")
-    return directory
-
-
 def test_without_a_declaration_the_alignment_is_marians_guided_alignment_head(model_dir, translator):
     """No declaration, no model card: the last decoder layer's head 0 at the predicting step, the head Marian's
     guided alignment trains (transformers' maps as the oracle)."""
@@ -84,13 +76,14 @@ def test_without_a_declaration_the_alignment_is_marians_guided_alignment_head(mo
         ("* dataset: opus\n* model: transformer\n", "fallback"),
     ],
 )
-def test_a_model_card_says_whether_marians_head_was_trained(model_dir, tmp_path, card, reason):
+def test_a_model_card_says_whether_marians_head_was_trained(tmp_path, card, reason):
     """OPUS-MT's model cards name the recipe: `-align` trained head 0 of the last layer; plain `transformer`
     trained no head to align, so the penultimate layer's head average is the documented fallback."""
-    translator = Translator.from_pretrained(with_model_card(model_dir, tmp_path / "card", card), device=DEVICE)
+    directory = make_model_dir(tmp_path / "card", shared=False, seed=6, model_card=card)
+    translator = Translator.from_pretrained(directory, device=DEVICE)
     assert translator.alignment.reason == reason
     translations = translator.translate(ALIGNMENT_SENTENCES, beam_size=1)
-    maps = oracle_cross_attention(model_dir, translations)
+    maps = oracle_cross_attention(directory, translations)
     last = translator.config.decoder_layers - 1
     for translation, attention in zip(translations, maps, strict=True):
         row = attention[last, 0] if reason != "fallback" else attention[last - 1].mean(0)
@@ -98,12 +91,10 @@ def test_a_model_card_says_whether_marians_head_was_trained(model_dir, tmp_path,
         assert attention_links(alignment_matrix(attention, *translator.alignment_head)) == translation.alignment
 
 
-def test_a_declaration_in_config_json_wins_over_the_model_card(tmp_path_factory, tmp_path):
-    directory = make_model_dir(
-        tmp_path_factory.mktemp("declared"), shared=True, seed=7, alignment_layer=1, alignment_head=2
-    )
-    card = with_model_card(directory, tmp_path / "card", "* model: transformer\n")
-    translator = Translator.from_pretrained(card, device=DEVICE)
+def test_a_declaration_in_config_json_wins_over_the_model_card(tmp_path):
+    card = "* model: transformer\n"
+    directory = make_model_dir(tmp_path, shared=True, seed=7, alignment_layer=1, alignment_head=2, model_card=card)
+    translator = Translator.from_pretrained(directory, device=DEVICE)
     assert translator.alignment_head == (1, 2) and translator.alignment.reason == "declared"
 
 
