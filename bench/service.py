@@ -281,12 +281,10 @@ def read_sentences(path: Path, limit: int) -> list[str]:
 
 
 def tiny_models(root: Path) -> dict[str, str]:
-    from tests.harness.tiny import make_model_dir
+    """The service tests' tiny models (for --quick runs)."""
+    from tests.harness.services import make_tiny_models
 
-    return {
-        "en-zh": str(make_model_dir(root / "tiny-en-zh", shared=True, seed=0)),
-        "zh-en": str(make_model_dir(root / "tiny-zh-en", shared=False, seed=1)),
-    }
+    return {name: str(path) for name, path in make_tiny_models(root).items()}
 
 
 def translator_threads(config: dict) -> int:

@@ -12,11 +12,19 @@ import subprocess
 import time
 from pathlib import Path
 
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now and never handed out before by this process: a port drawn for one service but not bound
+    yet (services start side by side, and a cluster's nodes one after the other) is not drawn again for another."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 # Ray Serve's high-throughput mode: the HAProxy ingress and direct gRPC between replicas (docs/operations.md). The
