@@ -6,6 +6,8 @@ and loaded side by side with our service in one run.
     python -m bench.peer verify       # both peers answer POST /translate; translations identical to ours, dev BLEU
     python -m bench.peer compare      # ours (serve run deploy/serve.yaml) and the two peers, one after the other:
                                       # 400 single-sentence requests and 50 requests of 16 at concurrency 32, beam 4
+                                      # and the no-op app beside ours (what Ray Serve alone costs)
+    python -m bench.peer compare --ours static continuous int8    # our scheduler and dtype variants, each a run
     python -m bench.peer compare --requests 40 --batch-requests 5    # a smoke run of the same pipeline
 """
 
@@ -35,6 +37,7 @@ import httpx
 
 from bench.service import (
     DEFAULT_DATA,
+    NOOP_PREFIX,
     RESULTS,
     bench_config,
     cpu_seconds,
@@ -42,6 +45,7 @@ from bench.service import (
     read_sentences,
     serve_running,
 )
+from model.runtime.step import cpu_model
 from tests.harness.loadgen import run_load
 from tests.harness.processes import free_port, stop_process_group
 
@@ -62,7 +66,32 @@ PEER_HOST = "127.0.0.2"
 BEAM_SIZE = 4
 ARGOS_LENGTH_PENALTY = 0.2  # argostranslate/translate.py apply_packaged_translation
 FINAL_PUNCTUATION = "!?.,;。！？，；"
-TARGETS = {"single_requests_per_s": 0.8, "single_p50_ms": 1.25, "batch_sentences_per_s": 1.0}
+TARGETS = {"single_requests_per_s": 0.7, "single_p50_ms": 1.5, "batch_sentences_per_s": 1.0}
+# Our service as deploy/serve.yaml runs it ("static"), and with its scheduler or its models' dtype changed.
+OURS = {
+    "static": {},
+    "continuous": {"scheduler": "continuous"},
+    "int8": {"dtype": "int8"},
+    "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
+}
+NOOP_LABEL = "no-op app (Ray Serve alone)"
+
+
+def ours_label(name: str) -> str:
+    return "ours" if name == "static" else f"ours {name}"
+
+
+def ours_config(name: str, port: int) -> dict:
+    """deploy/serve.yaml (and bench/noop.py at /noop) with OURS[name]'s changes."""
+    config = bench_config(port, None)
+    changes = OURS[name]
+    application = config["applications"][0]
+    if "scheduler" in changes:
+        application["args"]["scheduler"] = changes["scheduler"]
+    if "dtype" in changes:
+        for spec in application["args"]["models"]:
+            spec["dtype"] = changes["dtype"]
+    return config
 
 
 @dataclass(frozen=True)
@@ -515,13 +544,14 @@ def load_scenarios(
     session: int,
     sentences: list[str],
     args: argparse.Namespace,
+    scenarios: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     for scenario, requests, k in (
         ("1 sentence", args.requests, 1),
         (f"{args.sentences_per_request} sentences", args.batch_requests, args.sentences_per_request),
     ):
-        if not requests:
+        if not requests or (scenarios is not None and scenario not in scenarios):
             continue
         body_for = body(sentences, k)
         answer = httpx.post(url, json=body_for(0), timeout=60)
@@ -553,14 +583,25 @@ def load_scenarios(
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     sentences = read_sentences(args.data, 1000)
     rows: list[dict[str, Any]] = []
-    if not args.skip_ours:
-        config = bench_config(free_port(), None)
-        config["applications"] = config["applications"][:1]  # ours alone, without bench.noop
+    for index, name in enumerate(args.ours):
+        config = ours_config(name, free_port())
+        if index or not args.noop:
+            config["applications"] = config["applications"][:1]  # the no-op app beside the first only
         with tempfile.TemporaryDirectory(prefix="bench-peer-") as scratch:
             started: list[int] = []
-            logger.info("starting serve run deploy/serve.yaml")
+            logger.info("starting serve run deploy/serve.yaml (%s)", name)
             with serve_running(copy.deepcopy(config), Path(scratch), started=started) as url:
-                rows += load_scenarios("ours", f"{url}/v1/translate", ours_body, started[0], sentences, args)
+                rows += load_scenarios(ours_label(name), f"{url}/v1/translate", ours_body, started[0], sentences, args)
+                if not index and args.noop:  # what Ray Serve alone costs a one-sentence request
+                    rows += load_scenarios(
+                        NOOP_LABEL,
+                        f"{url}{NOOP_PREFIX}/v1/translate",
+                        ours_body,
+                        started[0],
+                        sentences,
+                        args,
+                        scenarios=("1 sentence",),
+                    )
     for name in args.peers:
         variant = VARIANTS[name]
         started = []
@@ -569,7 +610,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             rows += load_scenarios(variant.label, f"{url}/translate", peer_body, started[0], sentences, args)
     return {
         "command": " ".join(["python -m bench.peer", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "beam_size": BEAM_SIZE,
         "peer": {
             name: {"threads": v.threads or "argos defaults", "compute_type": v.quantization}
@@ -582,26 +623,35 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """ours / peer for each peer and scenario: req/s, p50 (lower is better), sentences/s."""
+    """ours / peer for each of our variants, each peer and scenario: req/s, p50 (lower is better), sentences/s,
+    server CPU per sentence; and each variant's single-sentence CPU against the no-op app's."""
     out = []
-    ours = {row["scenario"]: row for row in rows if row["service"] == "ours"}
-    for row in rows:
-        mine = ours.get(row["scenario"])
-        if row["service"] == "ours" or mine is None:
-            continue
-        entry: dict[str, Any] = {"peer": row["service"], "scenario": row["scenario"]}
-        for key in ("requests_per_s", "p50_ms", "sentences_per_s", "server_cpu_ms_per_sentence"):
-            if mine.get(key) and row.get(key):
-                entry[key] = round(mine[key] / row[key], 3)
-        if row["sentences_per_request"] == 1 and "requests_per_s" in entry and "p50_ms" in entry:
-            entry["targets"] = {
-                "requests_per_s >= 0.8": entry["requests_per_s"] >= TARGETS["single_requests_per_s"],
-                "p50 <= 1.25": entry["p50_ms"] <= TARGETS["single_p50_ms"],
-            }
-        elif "sentences_per_s" in entry:
-            entry["targets"] = {"sentences_per_s >= 1.0": entry["sentences_per_s"] >= TARGETS["batch_sentences_per_s"]}
-        out.append(entry)
+    labels = {ours_label(name) for name in OURS}
+    ours_rows = [row for row in rows if row["service"] in labels]
+    for mine in ours_rows:
+        for row in rows:
+            if row["service"] in labels or row["scenario"] != mine["scenario"]:
+                continue
+            out.append(ratio(mine, row))
     return out
+
+
+def ratio(mine: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """ours / peer in one scenario (the no-op app's row carries no target)."""
+    entry: dict[str, Any] = {"ours": mine["service"], "peer": row["service"], "scenario": row["scenario"]}
+    for key in ("requests_per_s", "p50_ms", "sentences_per_s", "server_cpu_ms_per_sentence"):
+        if mine.get(key) and row.get(key):
+            entry[key] = round(mine[key] / row[key], 3)
+    if row["sentences_per_request"] == 1 and "requests_per_s" in entry and "p50_ms" in entry:
+        entry["targets"] = {
+            "requests_per_s >= 0.7": entry["requests_per_s"] >= TARGETS["single_requests_per_s"],
+            "p50 <= 1.5": entry["p50_ms"] <= TARGETS["single_p50_ms"],
+        }
+    elif "sentences_per_s" in entry:
+        entry["targets"] = {"sentences_per_s >= 1.0": entry["sentences_per_s"] >= TARGETS["batch_sentences_per_s"]}
+    if row["service"] == NOOP_LABEL:
+        entry.pop("targets", None)
+    return entry
 
 
 def print_compare(report: dict[str, Any]) -> None:
@@ -618,7 +668,8 @@ def print_compare(report: dict[str, Any]) -> None:
     for entry in report["ratios"]:
         figures = " ".join(f"{k} {v}" for k, v in entry.items() if k not in ("peer", "scenario", "targets"))
         met = " ".join(f"[{k}: {'met' if v else 'NOT MET'}]" for k, v in entry.get("targets", {}).items())
-        print(f"{entry['peer']:<38} {entry['scenario']:<13} {figures} {met}")
+        figures = " ".join(f"{k} {v}" for k, v in entry.items() if k not in ("ours", "peer", "scenario", "targets"))
+        print(f"{entry['ours']:<22} / {entry['peer']:<38} {entry['scenario']:<13} {figures} {met}")
 
 
 # ---- command line -----------------------------------------------------------------------
@@ -639,7 +690,19 @@ def main(argv: list[str] | None = None) -> int:
     compare_parser.add_argument("--sentences-per-request", type=int, default=16)
     compare_parser.add_argument("--concurrency", type=int, default=32)
     compare_parser.add_argument("--peers", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    compare_parser.add_argument("--skip-ours", action="store_true")
+    compare_parser.add_argument(
+        "--ours",
+        nargs="*",
+        default=["static"],
+        choices=list(OURS),
+        help="our service's variants, each its own serve run: deploy/serve.yaml (static), continuous, int8, ...",
+    )
+    compare_parser.add_argument(
+        "--noop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also load bench/noop.py beside the first variant (single sentences): Ray Serve's own cost",
+    )
     for sub in (verify_parser, compare_parser):
         sub.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the tatoeba en-zh dev TSV")
         sub.add_argument("--output", type=Path, help="JSON report (default bench/results/peer-<command>.json)")
