@@ -646,7 +646,10 @@ class Runtime {
     const int64_t ref_stride = 2 * k * batch;
     for (int64_t step = 0; step < width; ++step) {
       const int64_t items = active.size();
-      auto [logits, cross] = run_step(last_tokens, step, cache, capture != 0);
+      // The first step runs one row per input, then its answers are copied to the input's k rows (as
+      // CTranslate2 does on a CPU): every beam starts from the same start token, and only beam 0's scores count.
+      auto [logits, cross] = step == 0 && k > 1 ? first_step(last_tokens, k, cache, capture != 0)
+                                                 : run_step(last_tokens, step, cache, capture != 0);
       std::vector<int64_t> ending;
       for (int64_t a = 0; a < items; ++a)
         if (budgets[active[a]] <= step + 1)
@@ -710,7 +713,8 @@ class Runtime {
       run_source_row = new_rows;
       run_token = last_tokens;
       run_logprob = new_logprobs.reshape(-1);
-      cache.reorder(new_rows, true);
+      // after the first step, input a's self-attention keys and values are in row a, not in rows a·k…a·k+k-1
+      cache.reorder(new_rows, true, step == 0 && k > 1 ? at::div(new_rows, k, "floor") : Tensor());
     }
     return {steps, results};
   }
@@ -725,13 +729,15 @@ class Runtime {
     Tensor source_mask;
     int64_t length = 0;
 
-    void reorder(const Tensor& index, bool same_sources) {
+    // Rows `index` of every cache (the self-attention caches' rows `self_index` instead, where given).
+    void reorder(const Tensor& index, bool same_sources, const Tensor& self_index = Tensor()) {
       const int64_t rows = index.numel();
+      const Tensor& own = self_index.defined() ? self_index : index;
       for (auto* pair : {&self_key, &self_value}) {
         auto& spares = pair == &self_key ? spare_key : spare_value;
         for (size_t i = 0; i < pair->size(); ++i) {
           Tensor out = spares[i].narrow(0, 0, rows).narrow(2, 0, length);
-          at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, index);
+          at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, own);
           std::swap((*pair)[i], spares[i]);
         }
       }
@@ -764,6 +770,22 @@ class Runtime {
                     need_weights);
     cache.length = position + 1;
     return out;
+  }
+
+  // The beam's first step on row 0 of each input's k rows (its self-attention keys and values written to row a of
+  // the caches for input a), its logits and cross-attention weights then repeated to all k rows.
+  std::pair<Tensor, std::vector<Tensor>> first_step(const Tensor& ids, int64_t k, Cache& cache, bool need_weights) {
+    const int64_t inputs = ids.size(0) / k;
+    Tensor first = at::arange(inputs, ids.options()).mul_(k);
+    Cache single = cache;  // the same self-attention buffers; the cross-attention inputs' first rows
+    for (auto& t : single.cross_key) t = t.index_select(0, first);
+    for (auto& t : single.cross_value) t = t.index_select(0, first);
+    if (single.source_mask.defined()) single.source_mask = single.source_mask.index_select(0, first);
+    auto [logits, cross] = run_step(ids.index_select(0, first), 0, single, need_weights);
+    cache.length = single.length;
+    Tensor every = at::arange(inputs, ids.options()).repeat_interleave(k);
+    for (auto& weights : cross) weights = weights.index_select(0, every);
+    return {logits.index_select(0, every), cross};
   }
 
   // Rows `index` of each tensor, in that order (inputs or rows leaving the search).
