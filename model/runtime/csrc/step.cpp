@@ -544,7 +544,28 @@ class Runtime {
     int64_t kernel = x.size(0) <= output_.rows_cut ? output_.small : output_.large;
     Tensor out = output_.run(x, kernel);
     if (kernel != kInt8 || rescore_ <= 0) return out;
-    Tensor candidates = std::get<1>(at::topk(out, std::min<int64_t>(rescore_, out.size(1)), -1, true, false));
+    const int64_t count = std::min<int64_t>(rescore_, out.size(1));
+    Tensor candidates = std::get<1>(row_topk(out, count)).contiguous();
+    if (plain_cpu(x) && x.is_contiguous() && plain_cpu(output_.weight) && output_.weight.is_contiguous() &&
+        out.is_contiguous() && output_.bias.defined()) {
+      // each candidate's logit recomputed in place: its fp32 weight row · the row's state + its bias
+      const int64_t rows = x.size(0), d = x.size(1), width = out.size(1);
+      const float *xs = x.data_ptr<float>(), *w = output_.weight.data_ptr<float>();
+      const float* b = output_.bias.data_ptr<float>();
+      const int64_t* picked = candidates.data_ptr<int64_t>();
+      float* o = out.data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* state = xs + r * d;
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t column = picked[r * count + j];
+          const float* weight = w + column * d;
+          float dot = 0.0f;
+          for (int64_t i = 0; i < d; ++i) dot += weight[i] * state[i];
+          o[r * width + column] = dot + b[column];
+        }
+      }
+      return out;
+    }
     Tensor exact = at::bmm(output_.weight.index_select(0, candidates.reshape(-1)).view({x.size(0), -1, x.size(1)}),
                            x.unsqueeze(-1)).squeeze(-1);
     return out.scatter_(-1, candidates, exact + output_.bias.index_select(0, candidates.reshape(-1)).view_as(exact));
@@ -820,11 +841,45 @@ class Runtime {
     return logprobs;
   }
 
-  // model.topk.row_topk: the m largest of each wide row by way of chunk maxima (16 rows and more).
+  // The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
+  // column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's
+  // fixed cost is most of its time.
+  static std::tuple<Tensor, Tensor> few_rows_topk(const Tensor& scores, int64_t m) {
+    if (!plain_cpu(scores) || !scores.is_contiguous() || scores.dim() != 2 || scores.size(1) < m)
+      return at::topk(scores, m, 1);
+    const int64_t rows = scores.size(0), width = scores.size(1);
+    Tensor values = at::empty({rows, m}, scores.options());
+    Tensor index = at::empty({rows, m}, scores.options().dtype(at::kLong));
+    const float* in = scores.data_ptr<float>();
+    float* best = values.data_ptr<float>();
+    int64_t* where = index.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = in + r * width;
+      float* v = best + r * m;
+      int64_t* at_column = where + r * m;
+      int64_t filled = 0;
+      for (int64_t c = 0; c < width; ++c) {
+        const float x = row[c];
+        if (filled == m && !(x > v[m - 1])) continue;
+        int64_t slot = filled < m ? filled++ : m - 1;
+        for (; slot > 0 && x > v[slot - 1]; --slot) {
+          v[slot] = v[slot - 1];
+          at_column[slot] = at_column[slot - 1];
+        }
+        v[slot] = x;
+        at_column[slot] = c;
+      }
+    }
+    return {values, index};
+  }
+
+  // model.topk.row_topk: the m largest of each wide row by way of chunk maxima (16 rows and more; fewer rows
+  // one pass each).
   static std::tuple<Tensor, Tensor> row_topk(const Tensor& scores, int64_t m) {
     constexpr int64_t chunk = 64, min_rows = 16;
     const int64_t rows = scores.size(0), width = scores.size(1), chunks = width / chunk;
-    if (rows < min_rows || chunks <= m || !scores.is_contiguous()) return at::topk(scores, m, 1);
+    if (rows < min_rows) return few_rows_topk(scores, m);
+    if (chunks <= m || !scores.is_contiguous()) return at::topk(scores, m, 1);
     Tensor whole = scores.as_strided({rows, chunks, chunk}, {width, chunk, 1});
     Tensor best_chunks = std::get<1>(whole.amax(2).topk(m, 1));
     const int64_t picked_width = m * chunk, tail_start = chunks * chunk;
