@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -20,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, machine, medians, read_sentences, serve_running
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import free_port
 
@@ -266,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     mixed_count, closed_count, alone_count = (60, 100, 20) if args.quick else (300, 400, 100)
     report: dict[str, Any] = {
         "command": " ".join(["python -m bench.continuous", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "beam_size": args.beam_size,
         "load": args.load,
         "schedulers": {},

@@ -20,7 +20,6 @@ import copy
 import json
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -42,10 +41,10 @@ from bench.service import (
     bench_config,
     cpu_seconds,
     exit_on_sigterm,
+    machine,
     read_sentences,
     serve_running,
 )
-from model.runtime.step import cpu_model
 from tests.harness.loadgen import run_load
 from tests.harness.processes import free_port, stop_process_group
 
@@ -610,7 +609,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             rows += load_scenarios(variant.label, f"{url}/translate", peer_body, started[0], sentences, args)
     return {
         "command": " ".join(["python -m bench.peer", *sys.argv[1:]]),
-        "machine": {"cpu": cpu_model(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "beam_size": BEAM_SIZE,
         "peer": {
             name: {"threads": v.threads or "argos defaults", "compute_type": v.quantization}

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, machine, read_sentences, serve_running
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import free_port
 from tests.harness.prometheus_text import total
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {side: median_of(results) for side, results in runs.items()}
     report = {
         "command": " ".join(["python -m bench.revisions", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "revision": commit,
         "beam_size": args.beam_size,
         "scheduler": args.scheduler or "as deploy/serve.yaml",

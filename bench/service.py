@@ -280,6 +280,13 @@ def read_sentences(path: Path, limit: int) -> list[str]:
     return sentences[:limit]
 
 
+def machine() -> dict[str, Any]:
+    """What a service benchmark ran on: the CPU's model (every speed figure names it), its count, the platform."""
+    from model.runtime.step import cpu_model
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+
+
 def tiny_models(root: Path) -> dict[str, str]:
     """The service tests' tiny models (for --quick runs)."""
     from tests.harness.services import make_tiny_models
@@ -383,7 +390,7 @@ def run_benchmark(
         check["met"] = check["lost"] == 0 if "lost" in check else check["ratio"] >= check["target"]
     return {
         "command": " ".join(["python -m bench.service", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "model": model_path(config),
         "beam_size": args.beam_size,
         "coalesce_max_calls": config["applications"][0]["args"].get("coalesce_max_calls"),
