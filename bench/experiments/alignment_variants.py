@@ -21,8 +21,7 @@ import torch
 
 from bench import write_report
 from bench.alignment import DATA
-from model.alignment import alignment_matrix, shift_rows
-from model.training.evaluate_alignment import AlignmentItem, ForcedMaps, forced_maps
+from model.training.evaluate_alignment import AlignmentItem, ForcedMaps, forced_maps, head_rows
 from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and, transpose
 from model.translator import Translator
 
@@ -47,9 +46,7 @@ def read_items(records: list[dict], direction: str) -> list[AlignmentItem]:
 
 def word_matrix(forced: ForcedMaps, item: AlignmentItem, translator: Translator) -> torch.Tensor:
     """(target words, source words) from the model's alignment head, read as the service reads it."""
-    rows = alignment_matrix(forced.cross_attention, *translator.alignment_head)
-    if translator.alignment_shift:
-        rows = shift_rows(rows)
+    rows = head_rows(forced.cross_attention, *translator.alignment_head, translator.alignment_shift)
     words = torch.zeros(len(item.target_words), len(item.source_words))
     counts = torch.zeros(len(item.target_words))
     for t, target_words in enumerate(forced.target_map):
@@ -71,10 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="JSON path (default bench/results/alignment-variants.json)")
     args = parser.parse_args(argv)
     records = json.loads(args.dev.read_text(encoding="utf-8"))
-    gold = []
-    for record in records:
-        sure = {tuple(link) for link in record["sure"]}
-        gold.append(GoldLinks(sure, sure | {tuple(link) for link in record["possible"]}))
+    gold = [item.reference for item in read_items(records, "zh-en")]  # (zh word, en word), as the variants
     zh_en = {}  # per direction: per pair, the word matrix in (zh word, en word) orientation
     for direction in ("en-zh", "zh-en"):
         translator = Translator.from_pretrained(direction, device="cpu")

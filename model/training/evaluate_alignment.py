@@ -146,7 +146,7 @@ def encoder_position_similarity(model: Transformer, tokenizer: MarianTokenizer, 
     return round(sum(values) / max(len(values), 1), 4)
 
 
-def _head_rows(cross_attention: Tensor, layer: int, head: int | None, shift: bool) -> Tensor:
+def head_rows(cross_attention: Tensor, layer: int, head: int | None, shift: bool) -> Tensor:
     """One head's (T, S) rows, shifted (`shift_rows`) for the shift variant."""
     matrix = alignment_matrix(cross_attention, layer, head)
     return shift_rows(matrix) if shift else matrix
@@ -158,7 +158,7 @@ def score_head(
     """AER of the links read from one head (or a layer's head average) against the items' references."""
     predicted = []
     for forced in maps:
-        matrix = _head_rows(forced.cross_attention, layer, head, shift)
+        matrix = head_rows(forced.cross_attention, layer, head, shift)
         predicted.append(words_from_pieces(attention_links(matrix), forced.source_map, forced.target_map))
     return alignment_error_rate(predicted, [item.reference for item in items])
 
@@ -185,7 +185,7 @@ def normalized_entropy(matrix: Tensor) -> float:
 
 
 def mean_entropy(maps: list[ForcedMaps], layer: int, head: int | None, shift: bool = False) -> float:
-    values = [normalized_entropy(_head_rows(f.cross_attention, layer, head, shift)) for f in maps]
+    values = [normalized_entropy(head_rows(f.cross_attention, layer, head, shift)) for f in maps]
     return round(sum(values) / max(len(values), 1), 4)
 
 
