@@ -12,7 +12,7 @@ from pathlib import Path
 import sentencepiece
 import torch
 
-from model.checkpoint import save_model
+from model.checkpoint import MODEL_CARD_NAME, save_model
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -142,7 +142,7 @@ def make_model_dir(
     training recipe, which decides the alignment head of a model that declares none)."""
     source_vocab, target_vocab = write_tokenizer_files(directory, shared, seed)
     if model_card is not None:
-        (directory / "README.md").write_text(model_card, encoding="utf-8")
+        (directory / MODEL_CARD_NAME).write_text(model_card, encoding="utf-8")
     config = ModelConfig(**tiny_config_values(source_vocab, target_vocab, shared, **overrides))
     torch.manual_seed(seed)
     model = Transformer(config)
