@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -15,3 +18,11 @@ def write_report(report: dict, output: str | Path | None, default_name: str) -> 
     path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     return path
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """What a benchmark ran on, for its report: the CPU's model (every speed figure names it), the CPU count, the
+    platform, and `extra` (a benchmark's own facts: threads, device, CPU capability)."""
+    from model.runtime.step import cpu_model  # imported when a report is made: torch stays out of `import bench`
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(), **extra}

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, machine, medians, read_sentences, serve_running
+from bench import machine
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import free_port
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import random
 import statistics
 import sys
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from bench import machine
 from model.runtime import EagerStep
-from model.runtime.step import cpu_model
 from model.tokenizer import MarianTokenizer
 from model.translator import Translator
 from tests.harness.tiny import synthetic_corpus, train_spm
@@ -335,13 +334,11 @@ def run(args: argparse.Namespace) -> dict:
     add_agreement(results)
     return {
         "command": " ".join(["python -m bench.engine", *sys.argv[1:]]),
-        "machine": {
-            "cpu": cpu_model(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": args.threads,
-            "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(0),
-        },
+        "machine": machine(
+            cpu_capability=torch.backends.cpu.get_cpu_capability(),
+            threads=args.threads,
+            device=args.device if args.device == "cpu" else torch.cuda.get_device_name(0),
+        ),
         "versions": versions(),
         "new_tokens": new_tokens,
         "repeats": repeats,

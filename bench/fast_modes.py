@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import statistics
 import sys
 import time
@@ -16,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from bench import write_report
+from bench import machine, write_report
 from bench.engine import convert_ctranslate2
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS
 from model.runtime import EagerStep
-from model.runtime.step import cpu_model
 from model.translator import Translator, resolve_model_path
 
 logger = logging.getLogger("bench.fast_modes")
@@ -206,8 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
     report = {
         "command": " ".join(["python -m bench.fast_modes", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpu": cpu_model(), "processor": platform.processor() or platform.machine(),
-                    "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "machine": machine(cpu_capability=torch.backends.cpu.get_cpu_capability()),
         "versions": {"torch": torch.__version__},
         "beam_size": args.beam_size, "threads": args.threads, "speed_texts": args.speed_texts,
         "rounds": args.rounds, "fidelity_sentences": min(args.limit, len(rows)), "models": {},

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench import machine
 from bench.service import (
     DEFAULT_DATA,
     NOOP_PREFIX,
@@ -41,7 +42,6 @@ from bench.service import (
     bench_config,
     cpu_seconds,
     exit_on_sigterm,
-    machine,
     read_sentences,
     serve_running,
 )

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -15,9 +14,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench import write_report
+from bench import machine, write_report
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS
-from model.runtime.step import cpu_model
 from model.translator import Translator
 
 TOP = 12  # operators shown per setting
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     source_ids = [translator.tokenizer.encode_source(row[source_column]) for row in rows[: args.texts]]
     report = {
         "command": " ".join(["python -m bench.profile_decode", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"cpu": cpu_model(), "processor": platform.processor() or platform.machine()},
+        "machine": machine(),
         "versions": {"torch": torch.__version__},
         "model": args.model, "dtype": args.dtype, "runtime": translator.runtime_info["runtime"],
         "beam_size": args.beam_size, "threads": args.threads, "texts": len(source_ids), "settings": {},

@@ -14,7 +14,6 @@ import copy
 import json
 import logging
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench import machine
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import (
     command_line,
@@ -278,13 +278,6 @@ def read_sentences(path: Path, limit: int) -> list[str]:
 
         sentences = [english for english, _ in synthetic_corpus(limit)]
     return sentences[:limit]
-
-
-def machine() -> dict[str, Any]:
-    """What a service benchmark ran on: the CPU's model (every speed figure names it), its count, the platform."""
-    from model.runtime.step import cpu_model
-
-    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
 
 
 def tiny_models(root: Path) -> dict[str, str]:

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-from bench import write_report
+from bench import machine, write_report
 from bench.fidelity import DEFAULT_DEV
 from bench.soak import resident_mib
-from model.runtime.step import cpu_model
 from model.translator import Translator
 
 SAMPLE_EVERY = 100
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     later = [s["rss_mib"] for s in samples[len(samples) // 2 :]]
     report = {
         "command": " ".join(["python -m bench.experiments.runtime_memory", *sys.argv[1:]]),
-        "machine": {"cpu": cpu_model()},
+        "machine": machine(),
         "model": args.model, "runtime": runtime, "samples": samples,
         "second_half": {"min_mib": min(later), "max_mib": max(later), "first_mib": later[0], "last_mib": later[-1]},
     }  # fmt: skip
