@@ -194,8 +194,10 @@ class ServiceLaunch:
         return self.url, self.config, self.log_path
 
     def stop(self) -> None:
+        """Ctrl-C for `serve run` (it shuts Serve and Ray down), then every process left in its OS session: killing
+        only its process group left Serve's haproxy (a group of its own) running, orphaned, after the tests."""
         if self.process is not None:
-            _stop(self.process)
+            stop_process_group(self.process)
             self.process, self.waited = None, False
 
 
@@ -208,15 +210,12 @@ class ServiceLaunches:
     def __init__(self, session, recipes: dict[str, Callable[[], ServiceLaunch]]) -> None:
         self.session, self.recipes, self.launches = session, recipes, {}
 
-    def start_needed(self, also: str | None = None) -> None:
-        """Start (without waiting for) every service a collected test uses, and `also`."""
-        needed = {n for item in self.session.items for n in item.fixturenames if n in self.recipes}
-        for name in sorted((needed | ({also} if also else set())) - set(self.launches)):
-            self.launches[name] = self.recipes[name]()
-            self.launches[name].start()
-
     def ready(self, name: str) -> tuple[str, dict, Path]:
-        self.start_needed(also=name)
+        if name not in self.launches:  # the first ask: start every service a collected test uses, then wait
+            needed = {name} | {n for item in self.session.items for n in item.fixturenames if n in self.recipes}
+            for other in sorted(needed - set(self.launches)):
+                self.launches[other] = self.recipes[other]()
+                self.launches[other].start()
         return self.launches[name].ready()
 
     def stop(self) -> None:
@@ -227,9 +226,3 @@ class ServiceLaunches:
 def _serve_command(config_path: Path) -> list[str]:
     serve = Path(sys.executable).with_name("serve")
     return [str(serve) if serve.exists() else "serve", "run", str(config_path)]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Ctrl-C for `serve run` (it shuts Serve and Ray down), then every process left in its OS session: killing
-    only its process group left Serve's haproxy (a group of its own) running, orphaned, after the tests."""
-    stop_process_group(process)
