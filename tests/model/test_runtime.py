@@ -116,6 +116,19 @@ def test_the_compiled_step_decodes_the_references_ids_scores_and_attention(exten
             assert_same(hypotheses, reference, (shape, options, attention, index))
 
 
+def test_weights_changed_or_replaced_after_loading_are_decoded_with(extension):
+    model = random_model("tiny")
+    sources = random_sources(random.Random(3), model, 5)
+    compiled = CompiledStep(model, extension, "float32")
+    options = DecodingOptions(beam_size=4)
+    with torch.no_grad():
+        model.decoder_layers[0].feed_forward.fc2.weight.mul_(1.5)  # in place, as an optimizer step makes it
+    model.decoder_layers[1].self_attn.k_proj.weight = torch.nn.Parameter(torch.randn(32, 32) * 0.3)  # a new tensor
+    for hypotheses, reference in zip(beam_search(model, sources, options, step=compiled),
+                                     beam_search(model, sources, options), strict=True):
+        assert_same(hypotheses, reference, "after the change")
+
+
 @pytest.mark.parametrize("kernel", ["linear", "transposed", "onednn"])
 def test_every_fp32_kernel_gives_the_references_numbers(extension, kernel):
     model = random_model("relu-odd", seed=3)
