@@ -26,6 +26,9 @@ logger = logging.getLogger("model.runtime")
 RUNTIME_ENV = "TRANSLATE_RUNTIME"  # auto (default): compiled if it builds, else eager; eager; compiled (required)
 BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
 SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
+# -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
+# levels in one build and the loader picks this CPU's (target_clones in step.cpp), so no -march flag
+CFLAGS = ["-O2", "-fopenmp-simd"]
 KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn"}  # csrc/step.cpp's Kernel
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
@@ -55,8 +58,8 @@ def build_directory() -> Path:
 
 
 def source_digest() -> str:
-    """What a built step must match: its source, this torch and this Python."""
-    key = SOURCE.read_bytes() + f"|{torch.__version__}|{sys.version_info[:2]}".encode()
+    """What a built step must match: its source, its compiler flags, this torch and this Python."""
+    key = SOURCE.read_bytes() + f"|{CFLAGS}|{torch.__version__}|{sys.version_info[:2]}".encode()
     return hashlib.sha256(key).hexdigest()
 
 
@@ -88,7 +91,7 @@ def build(verbose: bool = False):
         warnings.simplefilter("ignore")
         module = load(
             name="translation_runtime", sources=[str(SOURCE)], build_directory=str(directory),
-            extra_cflags=["-O2"], verbose=verbose,
+            extra_cflags=CFLAGS, verbose=verbose,
         )
     (directory / "source.sha256").write_text(source_digest() + "\n", encoding="ascii")
     return module

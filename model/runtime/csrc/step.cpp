@@ -59,38 +59,61 @@ const char* kernel_name(int64_t kernel) {
 // allocation would cost more than the arithmetic; elsewhere (another device or dtype) the ATen ops below run.
 bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; }
 
+// The loops below are compiled three times, for AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64,
+// and the loader picks the one this CPU runs (GCC's target_clones): one build serves every machine it lands on.
+// Their sums are `omp simd` reductions (built with -fopenmp-simd: vector lanes, no threads), so they may add in
+// another order than a scalar loop: float32 rounding, as the matmul kernels already differ between CPUs.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CPU_CLONES
+#endif
+
 // Each row of x (rows, cols) over its largest magnitude: y = x / scale, scale (rows, 1).
-void divide_rows(const Tensor& x, Tensor& y, Tensor& scale) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const float* in = x.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  float* scales = scale.data_ptr<float>();
+CPU_CLONES void divide_rows_loop(const float* in, float* out, float* scales, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * cols;
     float top = 0.0f;
+#pragma omp simd reduction(max : top)
     for (int64_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(row[c]));
     top = std::max(top, std::numeric_limits<float>::min());
     scales[r] = top;
     float* target = out + r * cols;
+#pragma omp simd
     for (int64_t c = 0; c < cols; ++c) target[c] = row[c] / top;
   }
 }
 
+void divide_rows(const Tensor& x, Tensor& y, Tensor& scale) {
+  divide_rows_loop(x.data_ptr<float>(), y.data_ptr<float>(), scale.data_ptr<float>(), x.size(0), x.size(1));
+}
+
 // y = y * scale[row] (+ bias): the per-row scale put back after the int8 matmul.
-void scale_rows(Tensor& y, const Tensor& scale, const Tensor& bias) {
-  const int64_t rows = y.size(0), cols = y.size(1);
-  float* out = y.data_ptr<float>();
-  const float* scales = scale.data_ptr<float>();
-  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+CPU_CLONES void scale_rows_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = out + r * cols;
     const float s = scales[r];
     if (b) {
+#pragma omp simd
       for (int64_t c = 0; c < cols; ++c) row[c] = b[c] + row[c] * s;
     } else {
+#pragma omp simd
       for (int64_t c = 0; c < cols; ++c) row[c] *= s;
     }
   }
+}
+
+void scale_rows(Tensor& y, const Tensor& scale, const Tensor& bias) {
+  scale_rows_loop(y.data_ptr<float>(), scale.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                  y.size(0), y.size(1));
+}
+
+// Σ a[i]·b[i] in vector lanes.
+CPU_CLONES float dot_loop(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
 
 struct Linear {
@@ -152,6 +175,38 @@ Tensor activate(const Tensor& x, int64_t activation) {
   return at::silu(x);
 }
 
+// One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. The q·k
+// sums stay in index order: summed in vector lanes they moved a random checkpoint's log-probabilities by 2.4e-5,
+// past the 1e-5 the runtime keeps to the reference (tests/model/test_runtime.py).
+CPU_CLONES void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
+                           const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale, float* w,
+                           float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < length; ++j) {
+    const float* key = k + j * k_pos;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < d_k; ++c) dot += query[c] * key[c];
+    dot *= scale;
+    if (mask) dot += mask[j * m_pos];
+    w[j] = dot;
+    top = std::max(top, dot);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < length; ++j) {
+    w[j] = std::exp(w[j] - top);
+    total += w[j];
+  }
+  const float inverse = 1.0f / total;
+  for (int64_t c = 0; c < d_k; ++c) out[c] = 0.0f;
+  for (int64_t j = 0; j < length; ++j) {
+    w[j] *= inverse;
+    const float weight = w[j];
+    const float* value = v + j * v_pos;
+#pragma omp simd
+    for (int64_t c = 0; c < d_k; ++c) out[c] += weight * value[c];
+  }
+}
+
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
 // dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined. Returns the heads' contexts side
 // by side (N, h·d_k) and the weights (N·h, 1, t).
@@ -174,31 +229,9 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
   at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t r = index / heads, h = index % heads;
-      const float* query = qs + r * q_row + h * d_k;
-      float* w = ws + index * length;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < length; ++j) {
-        const float* k = ks + r * k_row + h * k_head + j * k_pos;
-        float dot = 0.0f;
-        for (int64_t c = 0; c < d_k; ++c) dot += query[c] * k[c];
-        dot *= scale;
-        if (ms) dot += ms[r * m_row + j * m_pos];
-        w[j] = dot;
-        top = std::max(top, dot);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < length; ++j) {
-        w[j] = std::exp(w[j] - top);
-        total += w[j];
-      }
-      const float inverse = 1.0f / total;
-      float* out = cs + r * heads * d_k + h * d_k;
-      for (int64_t c = 0; c < d_k; ++c) out[c] = 0.0f;
-      for (int64_t j = 0; j < length; ++j) {
-        w[j] *= inverse;
-        const float* v = vs + r * v_row + h * v_head + j * v_pos;
-        for (int64_t c = 0; c < d_k; ++c) out[c] += w[j] * v[c];
-      }
+      attend_one(qs + r * q_row + h * d_k, ks + r * k_row + h * k_head, k_pos, vs + r * v_row + h * v_head, v_pos,
+                 ms ? ms + r * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
+                 cs + r * heads * d_k + h * d_k);
     }
   });
   return {context, weights};
@@ -221,30 +254,36 @@ std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tenso
   return {context.view({rows, heads * d_k}), weights};
 }
 
+CPU_CLONES void add_norm_loop(const float* xs, const float* ys, const float* ws, const float* bs, float* os,
+                              int64_t rows, int64_t d, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = os + r * d;
+    const float *x = xs + r * d, *y = ys + r * d;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < d; ++c) {
+      o[c] = x[c] + y[c];
+      sum += o[c];
+    }
+    const double mean = sum / d;
+    double squares = 0.0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t c = 0; c < d; ++c) squares += (o[c] - mean) * (o[c] - mean);
+    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / d + eps));
+    const float m = static_cast<float>(mean);
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) o[c] = (o[c] - m) * inverse * ws[c] + bs[c];
+  }
+}
+
 // layer_norm(x + y) over the last dimension, x and y (rows, d); on the CPU in one pass per row.
 Tensor add_norm(const Tensor& x, const Tensor& y, const Tensor& w, const Tensor& b, double eps) {
   if (!(plain_cpu(x) && plain_cpu(y) && x.is_contiguous() && y.is_contiguous() && plain_cpu(w))) {
     return at::layer_norm(x + y, {x.size(-1)}, w, b, eps);
   }
-  const int64_t rows = x.size(0), d = x.size(1);
   Tensor out = at::empty_like(x);
-  const float *xs = x.data_ptr<float>(), *ys = y.data_ptr<float>();
-  const float *ws = w.data_ptr<float>(), *bs = b.data_ptr<float>();
-  float* os = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    float* o = os + r * d;
-    double sum = 0.0;
-    for (int64_t c = 0; c < d; ++c) {
-      o[c] = xs[r * d + c] + ys[r * d + c];
-      sum += o[c];
-    }
-    const double mean = sum / d;
-    double squares = 0.0;
-    for (int64_t c = 0; c < d; ++c) squares += (o[c] - mean) * (o[c] - mean);
-    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / d + eps));
-    const float m = static_cast<float>(mean);
-    for (int64_t c = 0; c < d; ++c) o[c] = (o[c] - m) * inverse * ws[c] + bs[c];
-  }
+  add_norm_loop(x.data_ptr<float>(), y.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+                out.data_ptr<float>(), x.size(0), x.size(1), eps);
   return out;
 }
 
@@ -558,10 +597,7 @@ class Runtime {
         const float* state = xs + r * d;
         for (int64_t j = 0; j < count; ++j) {
           const int64_t column = picked[r * count + j];
-          const float* weight = w + column * d;
-          float dot = 0.0f;
-          for (int64_t i = 0; i < d; ++i) dot += weight[i] * state[i];
-          o[r * width + column] = dot + b[column];
+          o[r * width + column] = dot_loop(w + column * d, state, d) + b[column];
         }
       }
       return out;
