@@ -300,7 +300,7 @@ class Runtime {
   // One decoder layer's weights as transformers names them: the seven matmuls (qkv, self out, cross q, cross
   // out, fc1, fc2, cross kv), the three norms' weights and biases; `int8` their prepacked int8 copies or empty.
   void add_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
-                 std::vector<Packed> int8, bool reduce_range) {
+                 std::vector<std::optional<Packed>> int8, bool reduce_range) {
     Layer layer;
     fill({&layer.qkv, &layer.self_out, &layer.cross_q, &layer.cross_out, &layer.fc1, &layer.fc2, &layer.cross_kv},
          weights, biases, int8, reduce_range);
@@ -310,7 +310,7 @@ class Runtime {
 
   // One encoder layer: [qkv, out, fc1, fc2] and the two norms' weights and biases.
   void add_encoder_layer(std::vector<Tensor> weights, std::vector<Tensor> biases, std::vector<Tensor> norms,
-                         std::vector<Packed> int8, bool reduce_range) {
+                         std::vector<std::optional<Packed>> int8, bool reduce_range) {
     EncoderLayer layer;
     fill({&layer.qkv, &layer.out, &layer.fc1, &layer.fc2}, weights, biases, int8, reduce_range);
     fill_norms({&layer.norm1_w, &layer.norm1_b, &layer.norm2_w, &layer.norm2_b}, norms);
@@ -318,13 +318,14 @@ class Runtime {
   }
 
   static void fill(std::initializer_list<Linear*> parts, const std::vector<Tensor>& weights,
-                   const std::vector<Tensor>& biases, const std::vector<Packed>& int8, bool reduce_range) {
+                   const std::vector<Tensor>& biases, const std::vector<std::optional<Packed>>& int8,
+                   bool reduce_range) {
     size_t i = 0;
     for (Linear* part : parts) {
       part->weight = weights[i];
       part->bias = biases[i];
       part->reduce_range = reduce_range;
-      if (!int8.empty()) part->int8 = int8[i];
+      if (i < int8.size() && int8[i].has_value()) part->int8 = *int8[i];
       ++i;
     }
   }
