@@ -42,14 +42,23 @@ _extension_error: str | None = None
 
 @functools.cache
 def cpu_model() -> str:
-    """The CPU's model name (what every speed figure is reported against)."""
+    """The CPU's model name and its widest vector units, e.g. "AMD EPYC (AVX-512, VNNI)": what every speed figure
+    is reported against (a virtual machine may name only the vendor, and the same name covers CPUs with and
+    without AVX-512)."""
+    name, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore").splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    units = [label for flag, label in (("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("amx_int8", "AMX"))
+             if flag in flags]
+    if not units and "avx2" in flags:
+        units = ["AVX2"]
+    return f"{name} ({', '.join(units)})" if units else name
 
 
 def build_directory() -> Path:
