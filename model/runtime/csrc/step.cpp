@@ -61,7 +61,8 @@ bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kF
 
 // The loops below are compiled three times, for AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64,
 // and the loader picks the one this CPU runs (GCC's target_clones): one build serves every machine it lands on.
-// Their sums are `omp simd` reductions (built with -fopenmp-simd: vector lanes, no threads), so they may add in
+// (Helpers are written out inside them: GCC does not inline another function into a target clone.) Their
+// sums are `omp simd` reductions (built with -fopenmp-simd: vector lanes, no threads), so they may add in
 // another order than a scalar loop: float32 rounding, as the matmul kernels already differ between CPUs.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -75,7 +76,7 @@ CPU_CLONES void divide_rows_loop(const float* in, float* out, float* scales, int
     const float* row = in + r * cols;
     float top = 0.0f;
 #pragma omp simd reduction(max : top)
-    for (int64_t c = 0; c < cols; ++c) top = std::max(top, std::fabs(row[c]));
+    for (int64_t c = 0; c < cols; ++c) top = top > std::fabs(row[c]) ? top : std::fabs(row[c]);
     top = std::max(top, std::numeric_limits<float>::min());
     scales[r] = top;
     float* target = out + r * cols;
@@ -173,6 +174,59 @@ Tensor activate(const Tensor& x, int64_t activation) {
     case kGeluTanh: return at::gelu(x, "tanh");
   }
   return at::silu(x);
+}
+
+// Σ e^(x[i] - shift) over a row whose largest value is `shift`: a log-softmax's denominator, in one read. e^y for
+// y ≤ 0 is Cephes' expf in vector lanes: 2^n e^r with n = round(y / ln 2) (the 1.5·2^23 rounding trick),
+// |r| ≤ ln 2 / 2 and e^r a degree-7 polynomial, within 2 ulp; e^y below e^-87 (1.6e-38) counts as that, which a
+// sum with e^0 in it cannot see. (Written inside the loop: GCC does not inline a helper into a target clone.)
+CPU_CLONES float sum_exp_loop(const float* x, int64_t n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    float y = x[i] - shift;
+    y = y < -87.0f ? -87.0f : y;
+    const float k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = y - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    sum += p * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+  }
+  return sum;
+}
+
+CPU_CLONES float max_loop(const float* x, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t i = 0; i < n; ++i) top = top > x[i] ? top : x[i];
+  return top;
+}
+
+// The m largest values of a row and their columns, largest first and of equal values the lower column first (as
+// at::topk orders them), in one pass that skips each block of 64 whose largest value cannot enter.
+void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* at_column) {
+  constexpr int64_t block = 64;
+  int64_t filled = 0;
+  for (int64_t start = 0; start < width; start += block) {
+    const int64_t end = std::min(width, start + block);
+    if (filled == m && !(max_loop(row + start, end - start) > v[m - 1])) continue;
+    for (int64_t c = start; c < end; ++c) {
+      const float x = row[c];
+      if (filled == m && !(x > v[m - 1])) continue;
+      int64_t slot = filled < m ? filled++ : m - 1;
+      for (; slot > 0 && x > v[slot - 1]; --slot) {
+        v[slot] = v[slot - 1];
+        at_column[slot] = at_column[slot - 1];
+      }
+      v[slot] = x;
+      at_column[slot] = c;
+    }
+  }
 }
 
 // One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. The q·k
@@ -506,6 +560,19 @@ class Runtime {
                                               const std::vector<Tensor>& cross_value,
                                               const c10::optional<Tensor>& source_mask, bool need_weights) {
     at::InferenceMode guard;
+    auto [x, cross_weights] = layers(ids, level, positions, self_key, self_value, width, self_mask, cross_key,
+                                     cross_value, source_mask, need_weights);
+    return {logits(x), cross_weights};
+  }
+
+  // `step` up to the output projection: the last layer's states (N, d_model) and the cross-attention weights.
+  std::pair<Tensor, std::vector<Tensor>> layers(const Tensor& ids, int64_t level, const Tensor& positions,
+                                                const std::vector<Tensor>& self_key,
+                                                const std::vector<Tensor>& self_value, int64_t width,
+                                                const c10::optional<Tensor>& self_mask,
+                                                const std::vector<Tensor>& cross_key,
+                                                const std::vector<Tensor>& cross_value,
+                                                const c10::optional<Tensor>& source_mask, bool need_weights) const {
     const int64_t rows = ids.size(0), d_model = embed_.size(1), d_k = d_model / heads_;
     Tensor x = embed(ids, level, positions);  // (N, d)
     Tensor own_mask = self_mask.has_value() ? *self_mask : Tensor();
@@ -538,7 +605,7 @@ class Runtime {
       Tensor hidden = activate(layer.fc1(x), activation_);
       x = add_norm(x, layer.fc2(hidden), layer.norm3_w, layer.norm3_b, eps_);
     }
-    return {logits(x), cross_weights};
+    return {x, cross_weights};
   }
 
   // Token embedding × scale + the position's sinusoid, each row at `level` or at its own `positions[r]`.
@@ -606,6 +673,81 @@ class Runtime {
     Tensor exact = at::bmm(output_.weight.index_select(0, candidates.reshape(-1)).view({x.size(0), -1, x.size(1)}),
                            x.unsqueeze(-1)).squeeze(-1);
     return out.scatter_(-1, candidates, exact + output_.bias.index_select(0, candidates.reshape(-1)).view_as(exact));
+  }
+
+  // Whether the beam may take its candidates straight from the output projection (`candidates`): fp32 on the CPU.
+  bool fused_candidates() const {
+    return plain_cpu(output_.weight) && output_.weight.is_contiguous() && output_.bias.defined() &&
+           plain_cpu(output_.bias);
+  }
+
+  // model.search.next_logprobs followed by row_topk(·, m) for the states x (N, d_model) of the last layer,
+  // without the (N, V) log-probabilities: per row one pass picks the largest logits (under int8 the `rescore_`
+  // best recomputed from the fp32 weight, as `logits` does), one more sums e^(logit - max), and only the picked
+  // ones get their log-probability (logit - max) - log Σ, then ordered as at::topk orders log-probabilities (of
+  // equal values the lower column first). Banned tokens (pad; eos before min_new_tokens) are left out; a row at
+  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces.
+  std::tuple<Tensor, Tensor> candidates(const Tensor& x, int64_t m, bool banned, const std::vector<char>& ending,
+                                        int64_t eos, int64_t pad) const {
+    const int64_t rows = x.size(0), d = x.size(1);
+    const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
+    Tensor out = output_.run(x, kernel).contiguous();  // (N, V) logits, int8 ones not yet rescored
+    Tensor state = x.contiguous();
+    const int64_t width = out.size(1);
+    const int64_t rescored = kernel == kInt8 && rescore_ > 0 ? std::min(rescore_, width) : 0;
+    const int64_t pool = std::min(width, std::max(rescored, int64_t{0}) + m + 4);  // slack for ties and bans
+    Tensor values = at::empty({rows, m}, out.options());
+    Tensor tokens = at::empty({rows, m}, out.options().dtype(at::kLong));
+    float* value_out = values.data_ptr<float>();
+    int64_t* token_out = tokens.data_ptr<int64_t>();
+    const float *w = output_.weight.data_ptr<float>(), *b = output_.bias.data_ptr<float>();
+    const float* states = state.data_ptr<float>();
+    float* logits = out.data_ptr<float>();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> v(pool);
+    std::vector<int64_t> column(pool);
+    std::vector<std::pair<float, int64_t>> picked;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* vs = value_out + r * m;
+      int64_t* ts = token_out + r * m;
+      if (ending[r]) {  // every token -inf but eos at 0: eos, then the lowest other columns
+        vs[0] = 0.0f;
+        ts[0] = eos;
+        for (int64_t j = 1, c = 0; j < m; ++c) {
+          if (c == eos) continue;
+          vs[j] = -inf;
+          ts[j++] = c;
+        }
+        continue;
+      }
+      float* row = logits + r * width;
+      top_of_row(row, width, pool, v.data(), column.data());
+      for (int64_t j = 0; j < rescored; ++j) {  // int8: the best candidates' logits recomputed exactly, in place
+        v[j] = dot_loop(w + column[j] * d, states + r * d, d) + b[column[j]];
+        row[column[j]] = v[j];
+      }
+      // every logit outside the pool is at most the pool's smallest, so the pool holds the row's largest
+      const float top = *std::max_element(v.begin(), v.end());
+      const float log_sum = std::log(sum_exp_loop(row, width, top));
+      picked.clear();
+      for (int64_t j = 0; j < pool; ++j) {
+        if (column[j] == pad || (banned && column[j] == eos)) continue;
+        picked.emplace_back((v[j] - top) - log_sum, column[j]);
+      }
+      std::sort(picked.begin(), picked.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      for (int64_t j = 0; j < m; ++j) {
+        if (j < static_cast<int64_t>(picked.size())) {
+          vs[j] = picked[j].first;
+          ts[j] = picked[j].second;
+        } else {  // a vocabulary smaller than the pool: the banned tokens at -inf
+          vs[j] = -inf;
+          ts[j] = j - static_cast<int64_t>(picked.size()) == 0 ? pad : eos;
+        }
+      }
+    }
+    return {values, tokens};
   }
 
   // ---- the search loops (model/search.py's _greedy and _beam on the CPU, line for line) ----------------------
@@ -702,24 +844,39 @@ class Runtime {
     std::vector<std::vector<Tensor>> steps;
     Tensor run_source_row, run_token, run_logprob;
     const int64_t ref_stride = 2 * k * batch;
+    const bool fused = fused_candidates() && plain_cpu(cross_key[0]);
     for (int64_t step = 0; step < width; ++step) {
       const int64_t items = active.size();
       // The first step runs one row per input, then its answers are copied to the input's k rows (as
       // CTranslate2 does on a CPU): every beam starts from the same start token, and only beam 0's scores count.
-      auto [logits, cross] = step == 0 && k > 1 ? first_step(last_tokens, k, cache, capture != 0)
-                                                 : run_step(last_tokens, step, cache, capture != 0);
-      std::vector<int64_t> ending;
-      for (int64_t a = 0; a < items; ++a)
-        if (budgets[active[a]] <= step + 1)
-          for (int64_t b = 0; b < k; ++b) ending.push_back(a * k + b);
-      Tensor logprobs = next_logprobs(logits, step + 1 < min_new_tokens, ending, eos, pad);
+      const bool first = step == 0 && k > 1;
+      const bool banned = step + 1 < min_new_tokens;
+      auto [out, cross] = first ? first_step(last_tokens, k, cache, capture != 0, fused)
+                                : run_step(last_tokens, step, cache, capture != 0, fused);
+      Tensor row_logprob, row_token;  // (G·k, 2k): each row's 2k best next tokens
+      if (fused) {  // `out`: the last layer's states, of one row per input at the first step
+        std::vector<char> ending;
+        for (int64_t a = 0; a < items; ++a)
+          for (int64_t b = 0; b < (first ? 1 : k); ++b) ending.push_back(budgets[active[a]] <= step + 1);
+        std::tie(row_logprob, row_token) = candidates(out, 2 * k, banned, ending, eos, pad);
+        if (first) {
+          Tensor every = at::arange(items, longs).repeat_interleave(k);
+          row_logprob = row_logprob.index_select(0, every);
+          row_token = row_token.index_select(0, every);
+        }
+      } else {  // `out`: the logits
+        std::vector<int64_t> ending;
+        for (int64_t a = 0; a < items; ++a)
+          if (budgets[active[a]] <= step + 1)
+            for (int64_t b = 0; b < k; ++b) ending.push_back(a * k + b);
+        std::tie(row_logprob, row_token) = row_topk(next_logprobs(out, banned, ending, eos, pad), 2 * k);
+      }
       Tensor item_rows = at::arange(items, longs).unsqueeze(1);
       Tensor refs = item_rows * (2 * k) + candidate_offsets + step * ref_stride;
       const double divisor = std::pow(static_cast<double>(step + 1), length_penalty);
       Tensor ending_items = budget.le(step + 1);
 
       // model.search.beam_step
-      auto [row_logprob, row_token] = row_topk(logprobs, 2 * k);  // (G·k, 2k)
       Tensor total = (row_logprob.view({items, k, 2 * k}) + running.unsqueeze(2)).view({items, 2 * k * k});
       auto [top_scores, pick] = at::topk(total, 2 * k, 1);
       Tensor beam_of = at::div(pick, 2 * k, "floor");
@@ -820,30 +977,34 @@ class Runtime {
     return cache;
   }
 
+  // One step over the cache: the logits, or with `hidden` the last layer's states; and the cross-attention.
   std::pair<Tensor, std::vector<Tensor>> run_step(const Tensor& ids, int64_t position, Cache& cache,
-                                                  bool need_weights) {
-    auto out = step(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
-                    cache.cross_key, cache.cross_value,
-                    cache.source_mask.defined() ? c10::optional<Tensor>(cache.source_mask) : c10::nullopt,
-                    need_weights);
+                                                  bool need_weights, bool hidden = false) {
+    const auto source_mask = cache.source_mask.defined() ? c10::optional<Tensor>(cache.source_mask) : c10::nullopt;
+    auto out = hidden ? layers(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
+                               cache.cross_key, cache.cross_value, source_mask, need_weights)
+                      : step(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
+                             cache.cross_key, cache.cross_value, source_mask, need_weights);
     cache.length = position + 1;
     return out;
   }
 
   // The beam's first step on row 0 of each input's k rows (its self-attention keys and values written to row a of
-  // the caches for input a), its logits and cross-attention weights then repeated to all k rows.
-  std::pair<Tensor, std::vector<Tensor>> first_step(const Tensor& ids, int64_t k, Cache& cache, bool need_weights) {
+  // the caches for input a), its logits and cross-attention weights then repeated to all k rows (with `hidden`,
+  // the last layer's states of the one row per input, not repeated).
+  std::pair<Tensor, std::vector<Tensor>> first_step(const Tensor& ids, int64_t k, Cache& cache, bool need_weights,
+                                                    bool hidden = false) {
     const int64_t inputs = ids.size(0) / k;
     Tensor first = at::arange(inputs, ids.options()).mul_(k);
     Cache single = cache;  // the same self-attention buffers; the cross-attention inputs' first rows
     for (auto& t : single.cross_key) t = t.index_select(0, first);
     for (auto& t : single.cross_value) t = t.index_select(0, first);
     if (single.source_mask.defined()) single.source_mask = single.source_mask.index_select(0, first);
-    auto [logits, cross] = run_step(ids.index_select(0, first), 0, single, need_weights);
+    auto [out, cross] = run_step(ids.index_select(0, first), 0, single, need_weights, hidden);
     cache.length = single.length;
     Tensor every = at::arange(inputs, ids.options()).repeat_interleave(k);
     for (auto& weights : cross) weights = weights.index_select(0, every);
-    return {logits.index_select(0, every), cross};
+    return {hidden ? out : out.index_select(0, every), cross};
   }
 
   // Rows `index` of each tensor, in that order (inputs or rows leaving the search).
@@ -890,23 +1051,7 @@ class Runtime {
     const float* in = scores.data_ptr<float>();
     float* best = values.data_ptr<float>();
     int64_t* where = index.data_ptr<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = in + r * width;
-      float* v = best + r * m;
-      int64_t* at_column = where + r * m;
-      int64_t filled = 0;
-      for (int64_t c = 0; c < width; ++c) {
-        const float x = row[c];
-        if (filled == m && !(x > v[m - 1])) continue;
-        int64_t slot = filled < m ? filled++ : m - 1;
-        for (; slot > 0 && x > v[slot - 1]; --slot) {
-          v[slot] = v[slot - 1];
-          at_column[slot] = at_column[slot - 1];
-        }
-        v[slot] = x;
-        at_column[slot] = c;
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r) top_of_row(in + r * width, width, m, best + r * m, where + r * m);
     return {values, index};
   }
 
