@@ -944,6 +944,21 @@ class Runtime {
     Tensor source_mask;
     int64_t length = 0;
 
+    // out[r, :, :length] = in[index[r], :, :length] for buffers (R, h, capacity, d_k): one copy per row and head
+    // of the positions written so far (index_select over the narrowed buffer walks them element by element).
+    void copy_rows(const Tensor& in, Tensor& out, const Tensor& index) const {
+      const int64_t heads = in.size(1), capacity = in.size(2), d_k = in.size(3), rows = index.numel();
+      const Tensor picked = index.to(at::kLong).contiguous();
+      const int64_t* from = picked.data_ptr<int64_t>();
+      const float* source = in.data_ptr<float>();
+      float* target = out.data_ptr<float>();
+      const int64_t block = capacity * d_k;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < heads; ++h)
+          std::memcpy(target + (r * heads + h) * block, source + (from[r] * heads + h) * block,
+                      sizeof(float) * length * d_k);
+    }
+
     // Rows `index` of every cache (the self-attention caches' rows `self_index` instead, where given).
     void reorder(const Tensor& index, bool same_sources, const Tensor& self_index = Tensor()) {
       const int64_t rows = index.numel();
@@ -951,8 +966,12 @@ class Runtime {
       for (auto* pair : {&self_key, &self_value}) {
         auto& spares = pair == &self_key ? spare_key : spare_value;
         for (size_t i = 0; i < pair->size(); ++i) {
-          Tensor out = spares[i].narrow(0, 0, rows).narrow(2, 0, length);
-          at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, own);
+          if (plain_cpu((*pair)[i]) && (*pair)[i].is_contiguous() && spares[i].is_contiguous() && own.is_cpu()) {
+            copy_rows((*pair)[i], spares[i], own);
+          } else {
+            Tensor out = spares[i].narrow(0, 0, rows).narrow(2, 0, length);
+            at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, own);
+          }
           std::swap((*pair)[i], spares[i]);
         }
       }
