@@ -262,11 +262,14 @@ CPU_CLONES void attend_one(const float* query, const float* k, int64_t k_pos, co
 }
 
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
-// dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined. Returns the heads' contexts side
-// by side (N, h·d_k) and the weights (N·h, 1, t).
+// dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined; `kv_rows` (N,) long, when defined,
+// the row of key, value and mask each query reads (a search's rows of a source that others left). Returns the
+// heads' contexts side by side (N, h·d_k) and the weights (N·h, 1, t).
 std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                     int64_t heads) {
-  const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
+                                     int64_t heads, const Tensor& kv_rows) {
+  const int64_t rows = q.size(0), length = key.size(2), d_k = key.size(3);
+  const Tensor at_rows = kv_rows.defined() ? kv_rows.contiguous() : Tensor();
+  const int64_t* row_of = at_rows.defined() ? at_rows.data_ptr<int64_t>() : nullptr;
   Tensor context = at::empty({rows, heads * d_k}, q.options());
   Tensor weights = at::empty({rows * heads, 1, length}, q.options());
   const float* qs = q.data_ptr<float>();
@@ -282,9 +285,9 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_k)));
   at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
-      const int64_t r = index / heads, h = index % heads;
-      attend_one(qs + r * q_row + h * d_k, ks + r * k_row + h * k_head, k_pos, vs + r * v_row + h * v_head, v_pos,
-                 ms ? ms + r * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
+      const int64_t r = index / heads, h = index % heads, kv = row_of ? row_of[r] : r;
+      attend_one(qs + r * q_row + h * d_k, ks + kv * k_row + h * k_head, k_pos, vs + kv * v_row + h * v_head, v_pos,
+                 ms ? ms + kv * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
                  cs + r * heads * d_k + h * d_k);
     }
   });
@@ -292,12 +295,16 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
 }
 
 std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                 int64_t heads) {
+                                 int64_t heads, const Tensor& kv_rows = Tensor()) {
   const int64_t head_width = key.size(3);
   const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
   if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
-      heads_side_by_side && (!mask.defined() || plain_cpu(mask))) {
-    return attend_cpu(q, key, value, mask, heads);
+      heads_side_by_side && (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu())) {
+    return attend_cpu(q, key, value, mask, heads, kv_rows);
+  }
+  if (kv_rows.defined()) {
+    return attend(q, key.index_select(0, kv_rows), value.index_select(0, kv_rows),
+                  mask.defined() ? mask.index_select(0, kv_rows) : mask, heads);
   }
   const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
   Tensor scores = at::bmm(q.reshape({rows * heads, 1, d_k}), key.view({rows * heads, length, d_k}).transpose(1, 2));
@@ -572,7 +579,8 @@ class Runtime {
                                                 const c10::optional<Tensor>& self_mask,
                                                 const std::vector<Tensor>& cross_key,
                                                 const std::vector<Tensor>& cross_value,
-                                                const c10::optional<Tensor>& source_mask, bool need_weights) const {
+                                                const c10::optional<Tensor>& source_mask, bool need_weights,
+                                                const Tensor& cross_rows = Tensor()) const {
     const int64_t rows = ids.size(0), d_model = embed_.size(1), d_k = d_model / heads_;
     Tensor x = embed(ids, level, positions);  // (N, d)
     Tensor own_mask = self_mask.has_value() ? *self_mask : Tensor();
@@ -599,7 +607,8 @@ class Runtime {
       Tensor values = self_value[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor context = attend(query, keys, values, own_mask, heads_).first;
       x = add_norm(x, layer.self_out(context), layer.norm1_w, layer.norm1_b, eps_);
-      auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_);
+      auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_,
+                                             cross_rows);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
       x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
       Tensor hidden = activate(layer.fc1(x), activation_);
@@ -942,6 +951,7 @@ class Runtime {
   struct Cache {
     std::vector<Tensor> self_key, self_value, spare_key, spare_value, cross_key, cross_value;
     Tensor source_mask;
+    Tensor cross_rows;  // on the CPU: the row of cross_key, cross_value and source_mask each row reads
     int64_t length = 0;
 
     // out[r, :, :length] = in[index[r], :, :length] for buffers (R, h, capacity, d_k): one copy per row and head
@@ -975,7 +985,11 @@ class Runtime {
           std::swap((*pair)[i], spares[i]);
         }
       }
-      if (same_sources && rows == cross_key[0].size(0)) return;
+      if (same_sources && rows == (cross_rows.defined() ? cross_rows.numel() : cross_key[0].size(0))) return;
+      if (cross_rows.defined()) {  // rows that left are no longer read: nothing of the sources' K/V is copied
+        cross_rows = cross_rows.index_select(0, index);
+        return;
+      }
       for (auto& t : cross_key) t = t.index_select(0, index);
       for (auto& t : cross_value) t = t.index_select(0, index);
       if (source_mask.defined()) source_mask = source_mask.index_select(0, index);
@@ -993,6 +1007,7 @@ class Runtime {
     cache.cross_key = cross_key;
     cache.cross_value = cross_value;
     if (source_mask.has_value()) cache.source_mask = *source_mask;
+    if (plain_cpu(cross_key[0])) cache.cross_rows = at::arange(rows, cross_key[0].options().dtype(at::kLong));
     return cache;
   }
 
@@ -1000,12 +1015,10 @@ class Runtime {
   std::pair<Tensor, std::vector<Tensor>> run_step(const Tensor& ids, int64_t position, Cache& cache,
                                                   bool need_weights, bool hidden = false) {
     const auto source_mask = cache.source_mask.defined() ? c10::optional<Tensor>(cache.source_mask) : c10::nullopt;
-    auto out = hidden ? layers(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
-                               cache.cross_key, cache.cross_value, source_mask, need_weights)
-                      : step(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
-                             cache.cross_key, cache.cross_value, source_mask, need_weights);
+    auto [x, cross] = layers(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
+                             cache.cross_key, cache.cross_value, source_mask, need_weights, cache.cross_rows);
     cache.length = position + 1;
-    return out;
+    return {hidden ? x : logits(x), cross};
   }
 
   // The beam's first step on row 0 of each input's k rows (its self-attention keys and values written to row a of
@@ -1016,9 +1029,13 @@ class Runtime {
     const int64_t inputs = ids.size(0) / k;
     Tensor first = at::arange(inputs, ids.options()).mul_(k);
     Cache single = cache;  // the same self-attention buffers; the cross-attention inputs' first rows
-    for (auto& t : single.cross_key) t = t.index_select(0, first);
-    for (auto& t : single.cross_value) t = t.index_select(0, first);
-    if (single.source_mask.defined()) single.source_mask = single.source_mask.index_select(0, first);
+    if (single.cross_rows.defined()) {
+      single.cross_rows = single.cross_rows.index_select(0, first);
+    } else {
+      for (auto& t : single.cross_key) t = t.index_select(0, first);
+      for (auto& t : single.cross_value) t = t.index_select(0, first);
+      if (single.source_mask.defined()) single.source_mask = single.source_mask.index_select(0, first);
+    }
     auto [out, cross] = run_step(ids.index_select(0, first), 0, single, need_weights, hidden);
     cache.length = single.length;
     Tensor every = at::arange(inputs, ids.options()).repeat_interleave(k);
