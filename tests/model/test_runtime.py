@@ -33,6 +33,8 @@ SHAPES = {
     "tiny": dict(d_model=32, decoder_layers=2, heads=4, ffn=64, vocab=50, activation="swish"),
     "relu-odd": dict(d_model=48, decoder_layers=3, heads=6, ffn=80, vocab=97, activation="relu"),
     "gelu-wide": dict(d_model=64, decoder_layers=1, heads=2, ffn=256, vocab=300, activation="gelu"),
+    # at beam 4 fewer tokens than the 2k candidates once pad and eos are banned: the banned ones fill in at -inf
+    "nine-tokens": dict(d_model=32, decoder_layers=2, heads=4, ffn=64, vocab=9, activation="swish"),
 }
 
 pytestmark = pytest.mark.skipif(os.environ.get(RUNTIME_ENV) == "eager", reason="the eager run checks the fallback")
@@ -115,6 +117,18 @@ def test_the_compiled_step_decodes_the_references_ids_scores_and_attention(exten
         got = beam_search(model, sources, options, step=compiled, **attention)
         for index, (hypotheses, reference) in enumerate(zip(got, expected, strict=True)):
             assert_same(hypotheses, reference, (shape, options, attention, index))
+
+
+def test_a_vocabulary_smaller_than_the_beams_candidates_decodes_as_the_reference(extension):
+    # nine tokens, pad always banned and eos before min_new_tokens: 7 allowed against the beam's 2k = 8
+    model = random_model("nine-tokens")
+    sources = random_sources(random.Random(4), model, 6)
+    compiled = CompiledStep(model, extension, "float32")
+    for options in (DecodingOptions(beam_size=4, min_new_tokens=3), DecodingOptions(beam_size=4, n_best=4)):
+        expected = beam_search(model, sources, options, return_attention=True)
+        got = beam_search(model, sources, options, return_attention=True, step=compiled)
+        for hypotheses, reference in zip(got, expected, strict=True):
+            assert_same(hypotheses, reference, options)
 
 
 def test_weights_changed_or_replaced_after_loading_are_decoded_with(extension):

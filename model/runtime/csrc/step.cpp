@@ -716,6 +716,7 @@ class Runtime {
     std::vector<float> v(pool);
     std::vector<int64_t> column(pool);
     std::vector<std::pair<float, int64_t>> picked;
+    std::vector<int64_t> left_out;
     for (int64_t r = 0; r < rows; ++r) {
       float* vs = value_out + r * m;
       int64_t* ts = token_out + r * m;
@@ -739,10 +740,15 @@ class Runtime {
       const float top = *std::max_element(v.begin(), v.end());
       const float log_sum = std::log(sum_exp_loop(row, width, top));
       picked.clear();
+      left_out.clear();
       for (int64_t j = 0; j < pool; ++j) {
-        if (column[j] == pad || (banned && column[j] == eos)) continue;
-        picked.emplace_back((v[j] - top) - log_sum, column[j]);
+        if (column[j] == pad || (banned && column[j] == eos)) {
+          left_out.push_back(column[j]);
+        } else {
+          picked.emplace_back((v[j] - top) - log_sum, column[j]);
+        }
       }
+      std::sort(left_out.begin(), left_out.end());
       std::sort(picked.begin(), picked.end(), [](const auto& a, const auto& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
       });
@@ -750,9 +756,9 @@ class Runtime {
         if (j < static_cast<int64_t>(picked.size())) {
           vs[j] = picked[j].first;
           ts[j] = picked[j].second;
-        } else {  // a vocabulary smaller than the pool: the banned tokens at -inf
+        } else {  // a vocabulary of at most m + 1 tokens: the banned ones at -inf, lower column first
           vs[j] = -inf;
-          ts[j] = j - static_cast<int64_t>(picked.size()) == 0 ? pad : eos;
+          ts[j] = left_out[j - picked.size()];
         }
       }
     }
