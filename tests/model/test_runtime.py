@@ -97,6 +97,14 @@ def assert_same(got, expected, context) -> None:
                 torch.testing.assert_close(getattr(hypothesis, name), theirs, atol=1e-5, rtol=0)
 
 
+
+def assert_decodes_as_the_reference(model, compiled, sources, options, context, **attention) -> None:
+    """The compiled step's hypotheses equal the model's own step's (beam_search without `step`)."""
+    expected = beam_search(model, sources, options, **attention)
+    got = beam_search(model, sources, options, step=compiled, **attention)
+    for index, (hypotheses, reference) in enumerate(zip(got, expected, strict=True)):
+        assert_same(hypotheses, reference, (context, index))
+
 OPTIONS = [
     DecodingOptions(beam_size=1),
     DecodingOptions(beam_size=1, min_new_tokens=4, max_new_tokens=9),
@@ -113,10 +121,7 @@ def test_the_compiled_step_decodes_the_references_ids_scores_and_attention(exten
     sources = random_sources(random.Random(1), model, 7)
     compiled = CompiledStep(model, extension, "float32")
     for attention in ({"return_attention": True}, {"alignment_head": (0, 1)}, {"alignment_head": (0, None)}):
-        expected = beam_search(model, sources, options, **attention)  # the model's own step
-        got = beam_search(model, sources, options, step=compiled, **attention)
-        for index, (hypotheses, reference) in enumerate(zip(got, expected, strict=True)):
-            assert_same(hypotheses, reference, (shape, options, attention, index))
+        assert_decodes_as_the_reference(model, compiled, sources, options, (shape, options, attention), **attention)
 
 
 def test_a_vocabulary_smaller_than_the_beams_candidates_decodes_as_the_reference(extension):
@@ -125,23 +130,17 @@ def test_a_vocabulary_smaller_than_the_beams_candidates_decodes_as_the_reference
     sources = random_sources(random.Random(4), model, 6)
     compiled = CompiledStep(model, extension, "float32")
     for options in (DecodingOptions(beam_size=4, min_new_tokens=3), DecodingOptions(beam_size=4, n_best=4)):
-        expected = beam_search(model, sources, options, return_attention=True)
-        got = beam_search(model, sources, options, return_attention=True, step=compiled)
-        for hypotheses, reference in zip(got, expected, strict=True):
-            assert_same(hypotheses, reference, options)
+        assert_decodes_as_the_reference(model, compiled, sources, options, options, return_attention=True)
 
 
 def test_weights_changed_or_replaced_after_loading_are_decoded_with(extension):
     model = random_model("tiny")
     sources = random_sources(random.Random(3), model, 5)
     compiled = CompiledStep(model, extension, "float32")
-    options = DecodingOptions(beam_size=4)
     with torch.no_grad():
         model.decoder_layers[0].feed_forward.fc2.weight.mul_(1.5)  # in place, as an optimizer step makes it
     model.decoder_layers[1].self_attn.k_proj.weight = torch.nn.Parameter(torch.randn(32, 32) * 0.3)  # a new tensor
-    for hypotheses, reference in zip(beam_search(model, sources, options, step=compiled),
-                                     beam_search(model, sources, options), strict=True):
-        assert_same(hypotheses, reference, "after the change")
+    assert_decodes_as_the_reference(model, compiled, sources, DecodingOptions(beam_size=4), "after the change")
 
 
 @pytest.mark.parametrize("kernel", ["linear", "transposed", "onednn"])
@@ -151,11 +150,9 @@ def test_every_fp32_kernel_gives_the_references_numbers(extension, kernel):
     compiled = CompiledStep(model, extension, "float32", choose=False)
     compiled.force(kernel)
     assert set(compiled.info.kernels.values()) == {f"{kernel}/{kernel}"}
-    options = DecodingOptions(beam_size=4, n_best=2)
-    expected = beam_search(model, sources, options, return_attention=True)
-    got = beam_search(model, sources, options, return_attention=True, step=compiled)
-    for hypotheses, reference in zip(got, expected, strict=True):
-        assert_same(hypotheses, reference, kernel)
+    assert_decodes_as_the_reference(
+        model, compiled, sources, DecodingOptions(beam_size=4, n_best=2), kernel, return_attention=True
+    )
 
 
 def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
