@@ -704,7 +704,7 @@ class Runtime {
     Tensor state = x.contiguous();
     const int64_t width = out.size(1);
     const int64_t rescored = kernel == kInt8 && rescore_ > 0 ? std::min(rescore_, width) : 0;
-    const int64_t pool = std::min(width, std::max(rescored, int64_t{0}) + m + 4);  // slack for ties and bans
+    const int64_t pool = std::min(width, rescored + m + 4);  // slack for ties and bans
     Tensor values = at::empty({rows, m}, out.options());
     Tensor tokens = at::empty({rows, m}, out.options().dtype(at::kLong));
     float* value_out = values.data_ptr<float>();
