@@ -4,6 +4,7 @@ builder deploy/serve.yaml names (`import_path: service.app:build_app`).
 """
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -157,6 +158,7 @@ class Ingress:
         self._info_at = 0.0
         self.metrics.replica_info.labels(*replica_identity()).set(1)
         api.state.ingress = self
+        gc.freeze()  # the imports and the app, loaded for the replica's life, out of the collector's generations
 
     # ---- model calls -------------------------------------------------------------------
     def pick_model(self, model: str | None, source_lang: str | None, target_lang: str | None) -> str:

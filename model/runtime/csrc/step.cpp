@@ -69,6 +69,13 @@ bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kF
 #else
 #define CPU_CLONES
 #endif
+// Independent scalar chains left as scalars: GCC's straight-line vectorizer packs them into one vector filled lane
+// by lane from strided loads, which costs more than the chains side by side.
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#else
+#define NO_SLP
+#endif
 
 // Each row of x (rows, cols) over its largest magnitude: y = x / scale, scale (rows, 1).
 CPU_CLONES void divide_rows_loop(const float* in, float* out, float* scales, int64_t rows, int64_t cols) {
@@ -229,21 +236,43 @@ void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* a
   }
 }
 
-// One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. The q·k
-// sums stay in index order: summed in vector lanes they moved a random checkpoint's log-probabilities by 2.4e-5,
-// past the 1e-5 the runtime keeps to the reference (tests/model/test_runtime.py).
-CPU_CLONES void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
-                           const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale, float* w,
-                           float* out) {
+// One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. Each q·k
+// sum and each Σ_j stays one chain of multiply-adds in index order: summed in vector lanes they moved a random
+// checkpoint's log-probabilities by 2.4e-5, past the 1e-5 the runtime keeps to the reference
+// (tests/model/test_runtime.py). Several chains run side by side instead, which leaves each result the same to
+// the bit: eight keys' q·k as scalars (a key at a time, each multiply-add waited for the last: 70 % of this
+// function), and 64 output columns of Σ_j w_j v_j in four vectors.
+constexpr int64_t kKeys = 8;
+
+CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
+                           const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale,
+                           float* w, float* out) {
   float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j0 = 0; j0 < length; j0 += kKeys) {
+    // kKeys keys' chains in flight, each in index order; a last block of fewer keys repeats its last key
+    const int64_t n = length - j0 < kKeys ? length - j0 : kKeys;
+    const float* key[kKeys];
+    for (int64_t l = 0; l < kKeys; ++l) key[l] = k + (j0 + (l < n ? l : n - 1)) * k_pos;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+    for (int64_t c = 0; c < d_k; ++c) {
+      const float q = query[c];
+      s0 += q * key[0][c];
+      s1 += q * key[1][c];
+      s2 += q * key[2][c];
+      s3 += q * key[3][c];
+      s4 += q * key[4][c];
+      s5 += q * key[5][c];
+      s6 += q * key[6][c];
+      s7 += q * key[7][c];
+    }
+    const float sums[kKeys] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int64_t l = 0; l < n; ++l) w[j0 + l] = sums[l];
+  }
   for (int64_t j = 0; j < length; ++j) {
-    const float* key = k + j * k_pos;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < d_k; ++c) dot += query[c] * key[c];
-    dot *= scale;
+    float dot = w[j] * scale;
     if (mask) dot += mask[j * m_pos];
     w[j] = dot;
-    top = std::max(top, dot);
+    top = dot > top ? dot : top;
   }
   float total = 0.0f;
   for (int64_t j = 0; j < length; ++j) {
@@ -251,13 +280,42 @@ CPU_CLONES void attend_one(const float* query, const float* k, int64_t k_pos, co
     total += w[j];
   }
   const float inverse = 1.0f / total;
-  for (int64_t c = 0; c < d_k; ++c) out[c] = 0.0f;
-  for (int64_t j = 0; j < length; ++j) {
-    w[j] *= inverse;
-    const float weight = w[j];
-    const float* value = v + j * v_pos;
+  for (int64_t j = 0; j < length; ++j) w[j] *= inverse;
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d_k; c0 += 64) {  // four vectors' chains in flight
+    float s0[16] = {}, s1[16] = {}, s2[16] = {}, s3[16] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      const float weight = w[j];
+      const float* value = v + j * v_pos + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < d_k; ++c) out[c] += weight * value[c];
+      for (int64_t l = 0; l < 16; ++l) {
+        s0[l] += weight * value[l];
+        s1[l] += weight * value[16 + l];
+        s2[l] += weight * value[32 + l];
+        s3[l] += weight * value[48 + l];
+      }
+    }
+    for (int64_t l = 0; l < 16; ++l) {
+      out[c0 + l] = s0[l];
+      out[c0 + 16 + l] = s1[l];
+      out[c0 + 32 + l] = s2[l];
+      out[c0 + 48 + l] = s3[l];
+    }
+  }
+  for (; c0 + 16 <= d_k; c0 += 16) {
+    float sums[16] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      const float weight = w[j];
+      const float* value = v + j * v_pos + c0;
+#pragma omp simd
+      for (int64_t l = 0; l < 16; ++l) sums[l] += weight * value[l];
+    }
+    for (int64_t l = 0; l < 16; ++l) out[c0 + l] = sums[l];
+  }
+  for (int64_t c = c0; c < d_k; ++c) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < length; ++j) sum += w[j] * v[j * v_pos + c];
+    out[c] = sum;
   }
 }
 
