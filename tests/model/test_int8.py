@@ -13,7 +13,7 @@ from model import Translator
 from model.errors import InvalidInputError
 from model.runtime import compiled_extension
 from model.runtime.quantize import REDUCE_RANGE
-from model.runtime.step import KERNELS, RESCORED_CANDIDATES, _prepack
+from model.runtime.step import ACTIVATIONS, KERNELS, RESCORED_CANDIDATES, _prepack
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}
@@ -145,6 +145,20 @@ def test_per_row_scales_shield_a_row_from_an_outlier_neighbour():
 
     assert error(per_row=True) < 0.02
     assert error(per_row=False) > 0.1  # one scale per call: the outlier coarsens every row
+
+
+def test_fused_silu_is_torchs_silu_of_the_int8_matmul():
+    # the int8 fc1 applies bias, per-row scale and SiLU in one pass with its own exp: torch's SiLU of the same
+    # matmul is the oracle, over the range a layer's pre-activations take and far past it (where e^-x overflows)
+    torch.manual_seed(1)
+    weight, bias = torch.randn(1024, 256) / 16, torch.randn(1024)
+    rows = torch.cat([torch.randn(12, 256), 40 * torch.randn(4, 256)])
+    extension = compiled_extension()
+    packed = _prepack(extension, weight)
+    plain = extension.int8_linear(rows, packed, bias, True, REDUCE_RANGE)
+    fused = extension.int8_linear(rows, packed, bias, True, REDUCE_RANGE, ACTIVATIONS["silu"])
+    assert plain.abs().max() > 80  # both tails of SiLU reached
+    torch.testing.assert_close(fused, torch.nn.functional.silu(plain), rtol=1e-6, atol=1e-6)
 
 
 def test_gradients_run_the_fp32_weights():

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -124,6 +125,53 @@ CPU_CLONES float dot_loop(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+
+Tensor activate(const Tensor& x, int64_t activation) {
+  switch (activation) {
+    case kRelu: return at::relu(x);
+    case kGelu: return at::gelu(x);
+    case kGeluTanh: return at::gelu(x, "tanh");
+  }
+  return at::silu(x);
+}
+
+// out = e^y for y in [-87, 88], Cephes' expf in vector lanes: 2^n e^r with n = round(y / ln 2) (the 1.5·2^23
+// rounding trick), |r| ≤ ln 2 / 2 and e^r a degree-7 polynomial, within 2 ulp. A macro: GCC does not inline a
+// function into a target clone, and a call in an `omp simd` loop would keep it scalar.
+#define EXP_IN_LANES(y, out)                                                              \
+  do {                                                                                    \
+    const float k_ = ((y) * 1.44269504088896341f + 12582912.0f) - 12582912.0f;            \
+    const float r_ = (y) - k_ * 0.693359375f + k_ * 2.12194440e-4f;                       \
+    float p_ = 1.9875691500e-4f;                                                          \
+    p_ = p_ * r_ + 1.3981999507e-3f;                                                      \
+    p_ = p_ * r_ + 8.3334519073e-3f;                                                      \
+    p_ = p_ * r_ + 4.1665795894e-2f;                                                      \
+    p_ = p_ * r_ + 1.6666665459e-1f;                                                      \
+    p_ = p_ * r_ + 5.0000001201e-1f;                                                      \
+    p_ = p_ * r_ * r_ + r_ + 1.0f;                                                        \
+    (out) = p_ * __builtin_bit_cast(float, (static_cast<int32_t>(k_) + 127) << 23);       \
+  } while (0)
+
+// y = silu(b + y · scale[row]): the int8 matmul's per-row scale, the bias and SiLU (x / (1 + e^-x)) in one pass
+// over its output instead of three; e^-x by EXP_IN_LANES, its argument held to [-87, 88] where float's exponent
+// ends. The int8 mode only (the fp32 kernels keep at::silu, exact).
+CPU_CLONES void scale_rows_silu_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = out + r * cols;
+    const float s = scales[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = b[c] + row[c] * s;
+      float y = -x;
+      y = y < -87.0f ? -87.0f : (y > 88.0f ? 88.0f : y);
+      float e;
+      EXP_IN_LANES(y, e);
+      row[c] = x / (1.0f + e);
+    }
+  }
+}
+
 struct Linear {
   Tensor weight;      // (out, in): at::linear
   Tensor transposed;  // (in, out) contiguous: at::addmm, made when a kernel needs it
@@ -135,7 +183,19 @@ struct Linear {
   int64_t large = kLinear;  // and above it
   int64_t rows_cut = 8;
 
-  Tensor run(const Tensor& x, int64_t kernel) const {  // x (N, in) → (N, out)
+  // x (N, in) → (N, out), then `activation` (an Activation; -1: none)
+  Tensor run(const Tensor& x, int64_t kernel, int64_t activation = -1) const {
+    if (activation >= 0) {
+      if (activation == kSilu && kernel == kInt8 && bias.defined() && plain_cpu(x) && x.is_contiguous()) {
+        Tensor scaled = at::empty_like(x), scale = at::empty({x.size(0), 1}, x.options());
+        divide_rows(x, scaled, scale);
+        Tensor out = int8->apply_dynamic(scaled, reduce_range);
+        scale_rows_silu_loop(out.data_ptr<float>(), scale.data_ptr<float>(), bias.data_ptr<float>(), out.size(0),
+                             out.size(1));
+        return out;
+      }
+      return activate(run(x, kernel), activation);
+    }
     switch (kernel) {
       case kTransposed:
         return bias.defined() ? at::addmm(bias, x, transposed) : at::mm(x, transposed);
@@ -159,7 +219,9 @@ struct Linear {
         return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
     }
   }
-  Tensor operator()(const Tensor& x) const { return run(x, x.size(0) <= rows_cut ? small : large); }
+  Tensor operator()(const Tensor& x, int64_t activation = -1) const {
+    return run(x, x.size(0) <= rows_cut ? small : large, activation);
+  }
 };
 
 struct Layer {
@@ -172,67 +234,70 @@ struct EncoderLayer {
   Tensor norm1_w, norm1_b, norm2_w, norm2_b;
 };
 
-enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
-
-Tensor activate(const Tensor& x, int64_t activation) {
-  switch (activation) {
-    case kRelu: return at::relu(x);
-    case kGelu: return at::gelu(x);
-    case kGeluTanh: return at::gelu(x, "tanh");
-  }
-  return at::silu(x);
-}
-
-// Σ e^(x[i] - shift) over a row whose largest value is `shift`: a log-softmax's denominator, in one read. e^y for
-// y ≤ 0 is Cephes' expf in vector lanes: 2^n e^r with n = round(y / ln 2) (the 1.5·2^23 rounding trick),
-// |r| ≤ ln 2 / 2 and e^r a degree-7 polynomial, within 2 ulp; e^y below e^-87 (1.6e-38) counts as that, which a
-// sum with e^0 in it cannot see. (Written inside the loop: GCC does not inline a helper into a target clone.)
+// Σ e^(x[i] - shift) over a row whose largest value is `shift`: a log-softmax's denominator, in one read (e^y by
+// EXP_IN_LANES; below e^-87, 1.6e-38, it counts as that, which a sum with e^0 in it cannot see).
 CPU_CLONES float sum_exp_loop(const float* x, int64_t n, float shift) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
     float y = x[i] - shift;
     y = y < -87.0f ? -87.0f : y;
-    const float k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = y - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    sum += p * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+    float e;
+    EXP_IN_LANES(y, e);
+    sum += e;
   }
   return sum;
 }
 
-CPU_CLONES float max_loop(const float* x, int64_t n) {
-  float top = -std::numeric_limits<float>::infinity();
+// Each block's largest value: maxes[b] = max(x[b·block … b·block + block - 1]), the last block possibly shorter.
+CPU_CLONES void block_max_loop(const float* x, int64_t n, int64_t block, float* maxes) {
+  for (int64_t start = 0, b = 0; start < n; start += block, ++b) {
+    const int64_t end = n < start + block ? n : start + block;
+    float top = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : top)
-  for (int64_t i = 0; i < n; ++i) top = top > x[i] ? top : x[i];
-  return top;
+    for (int64_t i = start; i < end; ++i) top = top > x[i] ? top : x[i];
+    maxes[b] = top;
+  }
 }
 
 // The m largest values of a row and their columns, largest first and of equal values the lower column first (as
-// at::topk orders them), in one pass that skips each block of 64 whose largest value cannot enter.
+// at::topk orders them). One vectorised pass takes each block of 64's largest value; the m-th largest of those is
+// a floor for the row's m-th largest value (m blocks reach it), so only the values at or above it, in the blocks
+// that reach it, are gathered and sorted. (Inserting as a pass meets them, in columns ordered by frequency where
+// the likeliest tokens come first, shifted a sorted list for most values: 6 % of a 16-text int8 decode.)
 void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* at_column) {
   constexpr int64_t block = 64;
-  int64_t filled = 0;
-  for (int64_t start = 0; start < width; start += block) {
-    const int64_t end = std::min(width, start + block);
-    if (filled == m && !(max_loop(row + start, end - start) > v[m - 1])) continue;
-    for (int64_t c = start; c < end; ++c) {
-      const float x = row[c];
-      if (filled == m && !(x > v[m - 1])) continue;
-      int64_t slot = filled < m ? filled++ : m - 1;
-      for (; slot > 0 && x > v[slot - 1]; --slot) {
-        v[slot] = v[slot - 1];
-        at_column[slot] = at_column[slot - 1];
-      }
-      v[slot] = x;
-      at_column[slot] = c;
-    }
+  const int64_t blocks = (width + block - 1) / block;
+  thread_local std::vector<float> maxes, floor_of;
+  thread_local std::vector<std::pair<float, int64_t>> found;
+  maxes.resize(blocks);
+  block_max_loop(row, width, block, maxes.data());
+  float floor = -std::numeric_limits<float>::infinity();
+  if (blocks > m) {
+    floor_of.assign(maxes.begin(), maxes.end());
+    std::nth_element(floor_of.begin(), floor_of.begin() + (m - 1), floor_of.end(), std::greater<float>());
+    floor = floor_of[m - 1];
+  }
+  found.clear();
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (!(maxes[b] >= floor)) continue;
+    const int64_t end = std::min(width, (b + 1) * block);
+    for (int64_t c = b * block; c < end; ++c)
+      if (row[c] >= floor) found.emplace_back(row[c], c);
+  }
+  const auto first = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (static_cast<int64_t>(found.size()) < m) {  // NaNs: fewer than m comparable values; keep those, then NaN
+    std::sort(found.begin(), found.end(), first);
+    for (int64_t c = 0; c < width && static_cast<int64_t>(found.size()) < m; ++c)
+      if (std::isnan(row[c])) found.emplace_back(row[c], c);
+  } else {
+    std::partial_sort(found.begin(), found.begin() + m, found.end(), first);
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    v[j] = found[j].first;
+    at_column[j] = found[j].second;
   }
 }
 
@@ -472,7 +537,7 @@ class Runtime {
       Tensor context = at::matmul(scores.add_(additive).softmax(-1), qkv[2]);  // (B, h, S, d_k)
       context = context.transpose(1, 2).reshape({batch * length, d});
       x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
-      x = add_norm(x, layer.fc2(activate(layer.fc1(x), activation_)), layer.norm2_w, layer.norm2_b, eps_);
+      x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
     }
     return x.view({batch, length, d});
   }
@@ -669,7 +734,7 @@ class Runtime {
                                              cross_rows);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
       x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
-      Tensor hidden = activate(layer.fc1(x), activation_);
+      Tensor hidden = layer.fc1(x, activation_);
       x = add_norm(x, layer.fc2(hidden), layer.norm3_w, layer.norm3_b, eps_);
     }
     return {x, cross_weights};
@@ -1193,21 +1258,24 @@ Packed prepack(const Tensor& quantized) {
 }
 
 // x Wᵀ + b through the int8 kernel alone (tests): activations scaled per row first (`per_row`), or quantized with
-// one scale for the whole call as fbgemm does by itself.
-Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bool per_row, bool reduce_range) {
+// one scale for the whole call as fbgemm does by itself; then `activation` (an Activation, -1 none) as a layer's
+// fc1 runs it (SiLU fused into the per-row scale pass).
+Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bool per_row, bool reduce_range,
+                   int64_t activation) {
   at::InferenceMode guard;
   if (!per_row) return weight->apply_dynamic(x, reduce_range).add_(bias);
   Linear linear;
   linear.int8 = weight;
   linear.bias = bias;
   linear.reduce_range = reduce_range;
-  return linear.run(x, kInt8);
+  return linear.run(x, kInt8, activation);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<LinearPackedParamsBase, Packed>(m, "Int8Weight");
   m.def("prepack", &prepack);
-  m.def("int8_linear", &int8_linear);
+  m.def("int8_linear", &int8_linear, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("per_row"), pybind11::arg("reduce_range"), pybind11::arg("activation") = -1);
   pybind11::class_<Runtime>(m, "Runtime")
       .def(pybind11::init<Tensor, Tensor, double, int64_t, int64_t, double>())
       .def("add_layer", &Runtime::add_layer)
