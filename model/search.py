@@ -460,8 +460,8 @@ def _beam(
     ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
-        records, finals = loops.beam(
-            *_cross_inputs(step, encoder, k), budgets, k, float(length_penalty), min_new_tokens,
+        records, finals = loops.beam(  # the sources' K/V once each: a source's k rows read the same
+            *_cross_inputs(step, encoder, 1), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
         )
         steps = [StepRecord(*record) for record in records]

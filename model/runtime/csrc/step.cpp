@@ -16,6 +16,8 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
 #include <chrono>
 #include <string>
@@ -474,6 +476,52 @@ Tensor add_norm(const Tensor& x, const Tensor& y, const Tensor& w, const Tensor&
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// Memory the search caches reuse from one decode to the next. Their self-attention buffers (a 16-text beam: about
+// 30 MB) were allocated and freed per decode, and the allocator handed them back to the system and took them again:
+// page faults, 3-5 % of a 16-text int8 decode (perf). A decode takes the smallest kept block that fits (or a new
+// one) and gives it back when its cache goes; at most kKept blocks of at most kMaxFloats are kept. Decodes may run
+// at once (the GIL is released), so the list is locked.
+class Workspace {
+ public:
+  static constexpr size_t kKept = 2;
+  static constexpr int64_t kMaxFloats = int64_t{64} << 20;  // 256 MB
+
+  // A block of at least `floats` floats, returned to the workspace when the last holder lets go.
+  std::shared_ptr<Tensor> take(int64_t floats, const at::TensorOptions& options) {
+    Tensor block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto best = blocks_.end();
+      for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+        if (it->numel() >= floats && (best == blocks_.end() || it->numel() < best->numel())) best = it;
+      if (best != blocks_.end()) {
+        block = *best;
+        blocks_.erase(best);
+      }
+    }
+    if (!block.defined()) block = at::empty({floats}, options);
+    return std::shared_ptr<Tensor>(new Tensor(block), [this](Tensor* held) {
+      give_back(*held);
+      delete held;
+    });
+  }
+
+ private:
+  void give_back(const Tensor& block) {
+    if (block.numel() > kMaxFloats) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_.push_back(block);
+    if (blocks_.size() > kKept) {  // keep the largest
+      auto smallest = std::min_element(blocks_.begin(), blocks_.end(),
+                                       [](const Tensor& a, const Tensor& b) { return a.numel() < b.numel(); });
+      blocks_.erase(smallest);
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<Tensor> blocks_;
+};
 
 class Runtime {
  public:
@@ -952,7 +1000,8 @@ class Runtime {
     return {out_tokens, out_logprobs, out_length, attention_steps, actives};
   }
 
-  // Beam search of beam size k over cross K/V already on each source's k rows. Returns, per step, the records
+  // Beam search of beam size k over cross K/V (and source mask) with one row per source, which its k rows share, or
+  // already on each source's k rows. Returns, per step, the records
   // model.search.StepRecord holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
   // candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
   std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> beam(
@@ -964,7 +1013,8 @@ class Runtime {
     const int64_t width = *std::max_element(budgets.begin(), budgets.end());
     auto floats = cross_key[0].options();
     auto longs = floats.dtype(at::kLong);
-    Cache cache = start_cache(cross_key, cross_value, source_mask, width);
+    const int64_t shared = cross_key[0].size(0) == batch * k ? 1 : k;  // rows per source of the given K/V
+    Cache cache = start_cache(cross_key, cross_value, source_mask, width, shared);
     std::vector<int64_t> active(batch);
     for (int64_t i = 0; i < batch; ++i) active[i] = i;
     Tensor budget = at::tensor(budgets, longs);
@@ -1079,6 +1129,7 @@ class Runtime {
   // (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
   struct Cache {
     std::vector<Tensor> self_key, self_value, spare_key, spare_value, cross_key, cross_value;
+    std::shared_ptr<Tensor> workspace;  // the block the self-attention buffers lie in (CPU), while this cache lives
     Tensor source_mask;
     Tensor cross_rows;  // on the CPU: the row of cross_key, cross_value and source_mask each row reads
     int64_t length = 0;
@@ -1125,18 +1176,34 @@ class Runtime {
     }
   };
 
+  // A search's cache for `beams` rows per source. The sources' K/V come one row per source (`beams` > 1: read
+  // through cross_rows by each of its rows on the CPU, repeated elsewhere) or already on every row (`beams` 1).
   Cache start_cache(const std::vector<Tensor>& cross_key, const std::vector<Tensor>& cross_value,
-                    const c10::optional<Tensor>& source_mask, int64_t capacity) const {
+                    const c10::optional<Tensor>& source_mask, int64_t capacity, int64_t beams = 1) const {
     Cache cache;
-    const int64_t rows = cross_key[0].size(0), d_k = cross_key[0].size(3);
+    const int64_t sources = cross_key[0].size(0), rows = sources * beams, d_k = cross_key[0].size(3);
+    const int64_t each = rows * heads_ * capacity * d_k;
+    const bool cpu = plain_cpu(cross_key[0]);
+    if (cpu) cache.workspace = workspace_->take(4 * static_cast<int64_t>(layers_.size()) * each, cross_key[0].options());
+    int64_t offset = 0;
     for (size_t i = 0; i < layers_.size(); ++i) {
-      for (auto* list : {&cache.self_key, &cache.self_value, &cache.spare_key, &cache.spare_value})
-        list->push_back(at::empty({rows, heads_, capacity, d_k}, cross_key[0].options()));
+      for (auto* list : {&cache.self_key, &cache.self_value, &cache.spare_key, &cache.spare_value}) {
+        list->push_back(cpu ? cache.workspace->narrow(0, offset, each).view({rows, heads_, capacity, d_k})
+                            : at::empty({rows, heads_, capacity, d_k}, cross_key[0].options()));
+        offset += each;
+      }
     }
     cache.cross_key = cross_key;
     cache.cross_value = cross_value;
     if (source_mask.has_value()) cache.source_mask = *source_mask;
-    if (plain_cpu(cross_key[0])) cache.cross_rows = at::arange(rows, cross_key[0].options().dtype(at::kLong));
+    const auto longs = cross_key[0].options().dtype(at::kLong);
+    if (cpu) {
+      cache.cross_rows = beams > 1 ? at::arange(sources, longs).repeat_interleave(beams) : at::arange(rows, longs);
+    } else if (beams > 1) {
+      for (auto& t : cache.cross_key) t = t.repeat_interleave(beams, 0);
+      for (auto& t : cache.cross_value) t = t.repeat_interleave(beams, 0);
+      if (cache.source_mask.defined()) cache.source_mask = cache.source_mask.repeat_interleave(beams, 0);
+    }
     return cache;
   }
 
@@ -1245,6 +1312,7 @@ class Runtime {
   std::vector<Layer> layers_;
   Linear output_;
   int64_t rescore_ = 0;
+  std::unique_ptr<Workspace> workspace_ = std::make_unique<Workspace>();
 };
 
 }  // namespace
