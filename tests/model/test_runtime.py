@@ -143,6 +143,21 @@ def test_weights_changed_or_replaced_after_loading_are_decoded_with(extension):
     assert_decodes_as_the_reference(model, compiled, sources, DecodingOptions(beam_size=4), "after the change")
 
 
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_compiled_encoder_gives_the_references_hidden_states_under_padding(extension, shape):
+    # texts of different lengths padded into one batch: each position attends over its own text's real tokens
+    model = random_model(shape, seed=5)
+    sources = random_sources(random.Random(5), model, 6)
+    width = max(map(len, sources))
+    ids = torch.tensor([s + [model.config.pad_token_id] * (width - len(s)) for s in sources])
+    mask = torch.tensor([[True] * len(s) + [False] * (width - len(s)) for s in sources])
+    compiled = CompiledStep(model, extension, "float32")
+    with torch.inference_mode():
+        expected = model.encode(ids, mask).hidden
+    got = compiled.encode(ids, mask)
+    torch.testing.assert_close(got[mask], expected[mask], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["linear", "transposed", "onednn"])
 def test_every_fp32_kernel_gives_the_references_numbers(extension, kernel):
     model = random_model("relu-odd", seed=3)

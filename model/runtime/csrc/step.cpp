@@ -579,11 +579,24 @@ class Runtime {
     Tensor additive = at::zeros({batch, 1, 1, length}, x.options())
                           .masked_fill_(mask.logical_not().view({batch, 1, 1, length}),
                                         std::numeric_limits<float>::lowest());
+    // On the CPU every position's query attends through attend_cpu (the decoder's loops), reading its text's keys
+    // and values where the Q/K/V matmul left them: no score tensors, no transposed copy (at a text alone the ATen
+    // path's small operations were a sixth of the encoder).
+    const bool cpu = plain_cpu(x);
+    const Tensor text_of = cpu ? at::arange(batch, ids.options().dtype(at::kLong)).repeat_interleave(length) : Tensor();
     for (const EncoderLayer& layer : encoder_) {
-      Tensor qkv = layer.qkv(x).view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
-      Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
-      Tensor context = at::matmul(scores.add_(additive).softmax(-1), qkv[2]);  // (B, h, S, d_k)
-      context = context.transpose(1, 2).reshape({batch * length, d});
+      Tensor context;
+      if (cpu) {
+        Tensor qkv = layer.qkv(x);  // (B·S, 3d)
+        Tensor parts = qkv.view({batch, length, 3, heads_, d_k});
+        context = attend(qkv.narrow(1, 0, d), parts.select(2, 1).permute({0, 2, 1, 3}),
+                         parts.select(2, 2).permute({0, 2, 1, 3}), additive, heads_, text_of).first;
+      } else {
+        Tensor qkv = layer.qkv(x).view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
+        Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
+        context = at::matmul(scores.add_(additive).softmax(-1), qkv[2]);  // (B, h, S, d_k)
+        context = context.transpose(1, 2).reshape({batch * length, d});
+      }
       x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
       x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
     }
