@@ -185,19 +185,16 @@ struct Linear {
   int64_t large = kLinear;  // and above it
   int64_t rows_cut = 8;
 
-  // x (N, in) → (N, out), then `activation` (an Activation; -1: none)
+  // x (N, in) → (N, out), then `activation` (an Activation; -1: none). SiLU after the int8 kernel on the CPU is
+  // applied in its per-row scale pass (scale_rows_silu_loop).
   Tensor run(const Tensor& x, int64_t kernel, int64_t activation = -1) const {
-    if (activation >= 0) {
-      if (activation == kSilu && kernel == kInt8 && bias.defined() && plain_cpu(x) && x.is_contiguous()) {
-        Tensor scaled = at::empty_like(x), scale = at::empty({x.size(0), 1}, x.options());
-        divide_rows(x, scaled, scale);
-        Tensor out = int8->apply_dynamic(scaled, reduce_range);
-        scale_rows_silu_loop(out.data_ptr<float>(), scale.data_ptr<float>(), bias.data_ptr<float>(), out.size(0),
-                             out.size(1));
-        return out;
-      }
-      return activate(run(x, kernel), activation);
-    }
+    const bool fused = activation == kSilu && kernel == kInt8 && bias.defined() && plain_cpu(x) && x.is_contiguous();
+    Tensor out = multiply(x, kernel, fused);
+    return activation < 0 || fused ? out : activate(out, activation);
+  }
+
+  // x Wᵀ + b on `kernel`; `silu`: SiLU too, in the int8 kernel's scale pass (only where `run` fuses it).
+  Tensor multiply(const Tensor& x, int64_t kernel, bool silu) const {
     switch (kernel) {
       case kTransposed:
         return bias.defined() ? at::addmm(bias, x, transposed) : at::mm(x, transposed);
@@ -210,7 +207,12 @@ struct Linear {
           Tensor scaled = at::empty_like(x), scale = at::empty({x.size(0), 1}, x.options());
           divide_rows(x, scaled, scale);
           Tensor out = int8->apply_dynamic(scaled, reduce_range);
-          scale_rows(out, scale, bias);
+          if (silu) {
+            scale_rows_silu_loop(out.data_ptr<float>(), scale.data_ptr<float>(), bias.data_ptr<float>(),
+                                 out.size(0), out.size(1));
+          } else {
+            scale_rows(out, scale, bias);
+          }
           return out;
         }
         Tensor scale = x.abs().amax({-1}, true).clamp_min_(std::numeric_limits<float>::min());
@@ -1013,8 +1015,8 @@ class Runtime {
     return {out_tokens, out_logprobs, out_length, attention_steps, actives};
   }
 
-  // Beam search of beam size k over cross K/V (and source mask) with one row per source, which its k rows share, or
-  // already on each source's k rows. Returns, per step, the records
+  // Beam search of beam size k over cross K/V (and source mask) with one row per source, which its k rows share.
+  // Returns, per step, the records
   // model.search.StepRecord holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
   // candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
   std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> beam(
@@ -1026,8 +1028,7 @@ class Runtime {
     const int64_t width = *std::max_element(budgets.begin(), budgets.end());
     auto floats = cross_key[0].options();
     auto longs = floats.dtype(at::kLong);
-    const int64_t shared = cross_key[0].size(0) == batch * k ? 1 : k;  // rows per source of the given K/V
-    Cache cache = start_cache(cross_key, cross_value, source_mask, width, shared);
+    Cache cache = start_cache(cross_key, cross_value, source_mask, width, k);
     std::vector<int64_t> active(batch);
     for (int64_t i = 0; i < batch; ++i) active[i] = i;
     Tensor budget = at::tensor(budgets, longs);
