@@ -328,10 +328,11 @@ def _compiled_loop(step, capture: _Capture):
     return step.loops if capture.check_every == 1 else None
 
 
-def _cross_inputs(step, encoder, beams: int) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
-    """Cross-attention K/V on each source's `beams` rows and the additive source mask, as `start_cache` makes them."""
-    keys, values = step.cross_key_values(encoder.hidden, beams)
-    mask = additive_mask(encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :], encoder.hidden.dtype)
+def _cross_inputs(step, encoder) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+    """Cross-attention K/V once per source and the additive source mask, for the compiled loops (a beam's k rows
+    read their source's through the loop's row map)."""
+    keys, values = step.cross_key_values(encoder.hidden, 1)
+    mask = additive_mask(encoder.mask[:, None, None, :], encoder.hidden.dtype)
     return keys, values, mask
 
 
@@ -357,7 +358,7 @@ def _greedy(
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::greedy)
         out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
-            *_cross_inputs(step, encoder, 1), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
+            *_cross_inputs(step, encoder), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
             config.decoder_start_token_id, *capture.codes(),
         )
         attention_rows: list[list[int]] = [[] for _ in range(batch)]
@@ -460,8 +461,8 @@ def _beam(
     ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
     loops = _compiled_loop(step, capture)
     if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
-        records, finals = loops.beam(  # the sources' K/V once each: a source's k rows read the same
-            *_cross_inputs(step, encoder, 1), budgets, k, float(length_penalty), min_new_tokens,
+        records, finals = loops.beam(
+            *_cross_inputs(step, encoder), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
         )
         steps = [StepRecord(*record) for record in records]
