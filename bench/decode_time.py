@@ -14,12 +14,11 @@ import argparse
 import gc
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from bench import machine, write_report
-from bench.fidelity import DEFAULT_DEV, DIRECTIONS
+from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.translator import Translator
 
 
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="JSON path (default bench/results/decode-time-cpu.json)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = dev_rows(args.dev)
     report = {
         "command": " ".join(["python -m bench.decode_time", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(threads=args.threads),

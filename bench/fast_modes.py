@@ -17,7 +17,7 @@ import torch
 
 from bench import machine, write_report
 from bench.engine import convert_ctranslate2
-from bench.fidelity import DEFAULT_DEV, DIRECTIONS
+from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.runtime import EagerStep
 from model.translator import Translator, resolve_model_path
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
 
-    rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = dev_rows(args.dev)
     report = {
         "command": " ".join(["python -m bench.fast_modes", *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(cpu_capability=torch.backends.cpu.get_cpu_capability()),

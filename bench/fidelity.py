@@ -25,6 +25,11 @@ DEFAULT_DEV = REPOSITORY.parent / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv
 DIRECTIONS = {"en-zh": (0, 1, "zh"), "zh-en": (1, 0, "13a")}
 
 
+def dev_rows(path: str | Path) -> list[list[str]]:
+    """The dev TSV's rows, each split into its columns (English, Chinese, attribution); blank lines skipped."""
+    return [line.split("\t") for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def translate_all(
     translator: Translator, sources: list[str], beam_size: int, batch_size: int
 ) -> tuple[list[str], float]:
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
 
-    rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = dev_rows(args.dev)
     if args.limit:
         rows = rows[: args.limit]
     report = {"dev": str(args.dev), "sentences": len(rows), "beam_size": args.beam_size, "models": {}}

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench import machine, write_report
-from bench.fidelity import DEFAULT_DEV, DIRECTIONS
+from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.translator import Translator
 
 TOP = 12  # operators shown per setting
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     translator = Translator.from_pretrained(args.model, device="cpu", dtype=args.dtype)
     source_column = DIRECTIONS[args.model][0]
-    rows = [line.split("\t") for line in Path(args.dev).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = dev_rows(args.dev)
     source_ids = [translator.tokenizer.encode_source(row[source_column]) for row in rows[: args.texts]]
     report = {
         "command": " ".join(["python -m bench.profile_decode", *(argv if argv is not None else sys.argv[1:])]),
