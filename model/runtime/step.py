@@ -29,7 +29,8 @@ SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
 # levels in one build and the loader picks this CPU's (target_clones in step.cpp), so no -march flag
 CFLAGS = ["-O2", "-fopenmp-simd"]
-KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn"}  # csrc/step.cpp's Kernel
+KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/step.cpp's Kernel
+QUANTIZED = ("int8", "vnni")  # fbgemm's dynamic int8 linear; the runtime's own AVX-512 VNNI tiles
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
@@ -233,7 +234,7 @@ class CompiledStep:
         codes = {name: code for code, name in KERNELS.items()}
         allowed = [codes[name] for name in ("linear", "transposed", "onednn")]
         if precision == "int8":
-            allowed.append(codes["int8"])
+            allowed += [codes["int8"], codes["vnni"]]  # vnni: only where the CPU has it (the runtime checks)
         started = time.perf_counter()
         report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
         self.info.choice_ms = (time.perf_counter() - started) * 1e3
@@ -246,7 +247,8 @@ class CompiledStep:
         )
 
     def force(self, kernel: str) -> None:
-        """Every matmul on one kernel (a name of KERNELS; "int8" only where the weight has an int8 copy)."""
+        """Every matmul on one kernel (a name of KERNELS; a QUANTIZED one only where the weight has an int8 copy
+        and, for "vnni", the CPU those tiles)."""
         code = {name: code for code, name in KERNELS.items()}[kernel]
         self._runtime.force(code)
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
