@@ -564,14 +564,43 @@ void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* a
 // checkpoint's log-probabilities by 2.4e-5, past the 1e-5 the runtime keeps to the reference
 // (tests/model/test_runtime.py). Several chains run side by side instead, which leaves each result the same to
 // the bit: eight keys' q·k as scalars (a key at a time, each multiply-add waited for the last: 70 % of this
-// function), and 64 output columns of Σ_j w_j v_j in four vectors.
+// function), and 64 output columns of Σ_j w_j v_j in four vectors. `lanes` (the int8 mode, which keeps no bit
+// to the reference): each q·k summed in vector lanes instead, four keys at a time (attend_one was 13 % of a 16-text
+// int8 decode with the chains).
 constexpr int64_t kKeys = 8;
 
 CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
                            const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale,
-                           float* w, float* out) {
+                           float* w, float* out, bool lanes) {
   float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j0 = 0; j0 < length; j0 += kKeys) {
+  int64_t first_chained = 0;
+  if (lanes) {
+    int64_t j = 0;
+    for (; j + 4 <= length; j += 4) {
+      const float *k0 = k + j * k_pos, *k1 = k0 + k_pos, *k2 = k1 + k_pos, *k3 = k2 + k_pos;
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t c = 0; c < d_k; ++c) {
+        s0 += query[c] * k0[c];
+        s1 += query[c] * k1[c];
+        s2 += query[c] * k2[c];
+        s3 += query[c] * k3[c];
+      }
+      w[j] = s0;
+      w[j + 1] = s1;
+      w[j + 2] = s2;
+      w[j + 3] = s3;
+    }
+    for (; j < length; ++j) {
+      const float* key = k + j * k_pos;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < d_k; ++c) sum += query[c] * key[c];
+      w[j] = sum;
+    }
+    first_chained = length;
+  }
+  for (int64_t j0 = first_chained; j0 < length; j0 += kKeys) {
     // kKeys keys' chains in flight, each in index order; a last block of fewer keys repeats its last key
     const int64_t n = length - j0 < kKeys ? length - j0 : kKeys;
     const float* key[kKeys];
@@ -645,9 +674,9 @@ CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
 // dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined; `kv_rows` (N,) long, when defined,
 // the row of key, value and mask each query reads (a search's rows of a source that others left). Returns the
-// heads' contexts side by side (N, h·d_k) and the weights (N·h, 1, t).
+// heads' contexts side by side (N, h·d_k) and the weights (N·h, 1, t). `lanes`: attend_one's.
 std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                     int64_t heads, const Tensor& kv_rows) {
+                                     int64_t heads, const Tensor& kv_rows, bool lanes) {
   const int64_t rows = q.size(0), length = key.size(2), d_k = key.size(3);
   const Tensor at_rows = kv_rows.defined() ? kv_rows.contiguous() : Tensor();
   const int64_t* row_of = at_rows.defined() ? at_rows.data_ptr<int64_t>() : nullptr;
@@ -669,19 +698,19 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
       const int64_t r = index / heads, h = index % heads, kv = row_of ? row_of[r] : r;
       attend_one(qs + r * q_row + h * d_k, ks + kv * k_row + h * k_head, k_pos, vs + kv * v_row + h * v_head, v_pos,
                  ms ? ms + kv * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
-                 cs + r * heads * d_k + h * d_k);
+                 cs + r * heads * d_k + h * d_k, lanes);
     }
   });
   return {context, weights};
 }
 
 std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                 int64_t heads, const Tensor& kv_rows = Tensor()) {
+                                 int64_t heads, const Tensor& kv_rows = Tensor(), bool lanes = false) {
   const int64_t head_width = key.size(3);
   const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
   if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
       heads_side_by_side && (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu())) {
-    return attend_cpu(q, key, value, mask, heads, kv_rows);
+    return attend_cpu(q, key, value, mask, heads, kv_rows, lanes);
   }
   if (kv_rows.defined()) {
     return attend(q, key.index_select(0, kv_rows), value.index_select(0, kv_rows),
@@ -872,7 +901,7 @@ class Runtime {
       Tensor parts = padded ? key_values.index_copy_(0, real, qkv.narrow(1, d, 2 * d)).view({batch, length, 2, heads_, d_k})
                             : qkv.view({batch, length, 3, heads_, d_k}).narrow(2, 1, 2);
       Tensor context = attend(qkv.narrow(1, 0, d), parts.select(2, 0).permute({0, 2, 1, 3}),
-                              parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of).first;
+                              parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of, lanes_).first;
       x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
       x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
     }
@@ -902,6 +931,7 @@ class Runtime {
     output_.bias = bias;
     output_.reduce_range = reduce_range;
     if (!int8.empty()) output_.attach_int8(int8[0]);
+    lanes_ = !int8.empty();  // the int8 mode: attention's sums in vector lanes as well
     rescore_ = rescore;
   }
 
@@ -1067,10 +1097,10 @@ class Runtime {
       }
       Tensor keys = self_key[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor values = self_value[i].narrow(0, 0, rows).narrow(2, 0, width);
-      Tensor context = attend(query, keys, values, own_mask, heads_).first;
+      Tensor context = attend(query, keys, values, own_mask, heads_, Tensor(), lanes_).first;
       x = add_norm(x, layer.self_out(context), layer.norm1_w, layer.norm1_b, eps_);
       auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_,
-                                             cross_rows);
+                                             cross_rows, lanes_);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
       x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
       Tensor hidden = layer.fc1(x, activation_);
@@ -1602,6 +1632,7 @@ class Runtime {
   std::vector<Layer> layers_;
   Linear output_;
   int64_t rescore_ = 0;
+  bool lanes_ = false;
   std::unique_ptr<Workspace> workspace_ = std::make_unique<Workspace>();
 };
 
