@@ -1337,22 +1337,31 @@ class Runtime {
     Cache cache = start_cache(cross_key, cross_value, source_mask, width, k);
     std::vector<int64_t> active(batch);
     for (int64_t i = 0; i < batch; ++i) active[i] = i;
-    Tensor budget = at::tensor(budgets, longs);
-    Tensor running = at::full({batch, k}, kNegInf, floats);
-    running.select(1, 0).fill_(0.0);
-    Tensor finished = at::full({batch, k}, kNegInf, floats);
-    Tensor finished_done = at::zeros({batch, k}, floats.dtype(at::kBool));
-    Tensor finished_ref = at::full({batch, k}, -1, longs);
-    Tensor improvable = at::ones({batch}, floats.dtype(at::kBool));
+    // The search state of each active input lives on the host, its k slots side by side: at a text's four rows a
+    // step's bookkeeping is a few dozen numbers, where one ATen call per operation (about forty a step) and their
+    // allocations cost more than the decoding step's own small operations (perf at B=1).
+    const float neg = static_cast<float>(kNegInf);
+    std::vector<float> running(batch * k, neg), finished(batch * k, neg);
+    std::vector<char> finished_done(batch * k, 0), improvable(batch, 1), frozen(batch, 0);
+    std::vector<int64_t> finished_ref(batch * k, -1);
+    for (int64_t a = 0; a < batch; ++a) running[a * k] = 0.0f;
     Tensor last_tokens = at::full({batch * k}, start, longs);
-    Tensor frozen = at::zeros({batch}, floats.dtype(at::kBool));
-    Tensor candidate_offsets = at::arange(2 * k, longs);
-    Tensor first_k = candidate_offsets.lt(k);
     std::vector<std::vector<Tensor>> results(batch);
     std::vector<std::vector<Tensor>> steps;
     Tensor run_source_row, run_token, run_logprob;
-    const int64_t ref_stride = 2 * k * batch;
+    const int64_t ref_stride = 2 * k * batch, wide = 2 * k * k;
     const bool fused = fused_candidates() && plain_cpu(cross_key[0]);
+    const auto host_longs = at::TensorOptions().dtype(at::kLong), host_floats = at::TensorOptions().dtype(at::kFloat);
+    std::vector<std::pair<float, int64_t>> order(wide), merged(3 * k);
+    std::vector<float> top_scores(2 * k), next_scores(k), candidate(2 * k), kept_scores(k);
+    std::vector<char> hits(2 * k), taking(2 * k), kept_done(k);
+    std::vector<int64_t> pick(2 * k), kept_ref(k);
+    const auto before = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
+      // at::topk's order: larger first (NaN largest), of equal values the lower index first
+      const bool x_nan = std::isnan(x.first), y_nan = std::isnan(y.first);
+      if (x_nan != y_nan) return x_nan;
+      return x.first > y.first || (x.first == y.first && x.second < y.second);
+    };
     for (int64_t step = 0; step < width; ++step) {
       const int64_t items = active.size();
       // The first step runs one row per input, then its answers are copied to the input's k rows (as
@@ -1361,83 +1370,141 @@ class Runtime {
       const bool banned = step + 1 < min_new_tokens;
       auto [out, cross] = first ? first_step(last_tokens, k, cache, capture != 0, fused)
                                 : run_step(last_tokens, step, cache, capture != 0, fused);
-      Tensor row_logprob, row_token;  // (G·k, 2k): each row's 2k best next tokens
+      Tensor row_logprob, row_token;  // (rows, 2k): each row's 2k best next tokens, rows = G·k (G at the first step)
       if (fused) {  // `out`: the last layer's states, of one row per input at the first step
         std::vector<char> ending;
         for (int64_t a = 0; a < items; ++a)
           for (int64_t b = 0; b < (first ? 1 : k); ++b) ending.push_back(budgets[active[a]] <= step + 1);
         std::tie(row_logprob, row_token) = candidates(out, 2 * k, banned, ending, eos, pad);
-        if (first) {
-          Tensor every = at::arange(items, longs).repeat_interleave(k);
-          row_logprob = row_logprob.index_select(0, every);
-          row_token = row_token.index_select(0, every);
-        }
-      } else {  // `out`: the logits
+      } else {  // `out`: the logits, of every row
         std::vector<int64_t> ending;
         for (int64_t a = 0; a < items; ++a)
           if (budgets[active[a]] <= step + 1)
             for (int64_t b = 0; b < k; ++b) ending.push_back(a * k + b);
         std::tie(row_logprob, row_token) = row_topk(next_logprobs(out, banned, ending, eos, pad), 2 * k);
       }
-      Tensor item_rows = at::arange(items, longs).unsqueeze(1);
-      Tensor refs = item_rows * (2 * k) + candidate_offsets + step * ref_stride;
-      const double divisor = std::pow(static_cast<double>(step + 1), length_penalty);
-      Tensor ending_items = budget.le(step + 1);
+      const Tensor host_logprob = row_logprob.to(at::kCPU).contiguous(), host_token = row_token.to(at::kCPU).contiguous();
+      const float* lp = host_logprob.data_ptr<float>();
+      const int64_t* tk = host_token.data_ptr<int64_t>();
+      const bool one_row = first && fused;  // then each input's one row stands for its k rows
+      const int64_t row_stride = one_row ? 0 : 2 * k;
+      const float divisor = static_cast<float>(std::pow(static_cast<double>(step + 1), length_penalty));
 
-      // model.search.beam_step
-      Tensor total = (row_logprob.view({items, k, 2 * k}) + running.unsqueeze(2)).view({items, 2 * k * k});
-      auto [top_scores, pick] = at::topk(total, 2 * k, 1);
-      Tensor beam_of = at::div(pick, 2 * k, "floor");
-      Tensor token = row_token.view({items, 2 * k * k}).gather(1, pick);
-      Tensor token_logprob = row_logprob.view({items, 2 * k * k}).gather(1, pick);
-      Tensor hits = token.eq(eos) | ending_items.unsqueeze(1);
-      auto [next_scores, chosen] = at::topk(top_scores + hits.to(at::kFloat) * kNegInf, k, 1);
-      Tensor taking = hits & first_k & frozen.logical_not().unsqueeze(1);
-      Tensor eligible = taking & (improvable & finished_done.all(1).logical_not()).unsqueeze(1);
-      Tensor candidate = at::where(eligible, top_scores / divisor, top_scores + 2 * kNegInf);
-      Tensor merged_scores = at::cat({finished, candidate}, 1);
-      Tensor merged_done = at::cat({finished_done, taking}, 1);
-      Tensor merged_ref = at::cat({finished_ref, refs}, 1);
-      auto [new_finished, keep_slots] = at::topk(merged_scores, k, 1);
-      finished = new_finished;
-      finished_done = merged_done.gather(1, keep_slots);
-      finished_ref = merged_ref.gather(1, keep_slots);
-      Tensor best_possible = next_scores.narrow(1, 0, 1) / divisor;
-      Tensor worst_finished = at::where(finished_done, std::get<0>(finished.min(1, true)), at::scalar_tensor(kNegInf, floats));
-      improvable = improvable & best_possible.gt(worst_finished).any(1);
-      Tensor done = improvable.logical_not() | finished_done.all(1) | hits.all(1) | frozen;
-      running = next_scores;
-      frozen = done;
-
-      Tensor row = item_rows * k + beam_of;  // (A, 2k)
-      steps.push_back({run_source_row, run_token, run_logprob, row, token, token_logprob,
-                       keep(cross, capture, capture_layer, capture_head)});
-      Tensor new_rows = row.gather(1, chosen);
-      last_tokens = token.gather(1, chosen);
-      Tensor new_logprobs = token_logprob.gather(1, chosen);
-      auto done_flags = frozen.accessor<bool, 1>();
+      // model.search.beam_step, one input at a time
+      Tensor row_t = at::empty({items, 2 * k}, host_longs), token_t = at::empty({items, 2 * k}, host_longs);
+      Tensor token_logprob_t = at::empty({items, 2 * k}, host_floats);
+      Tensor new_rows_t = at::empty({items * k}, host_longs), new_tokens_t = at::empty({items * k}, host_longs);
+      Tensor new_logprobs_t = at::empty({items * k}, host_floats);
+      int64_t *rows_out = row_t.data_ptr<int64_t>(), *tokens_out = token_t.data_ptr<int64_t>();
+      float* logprobs_out = token_logprob_t.data_ptr<float>();
+      int64_t *new_rows = new_rows_t.data_ptr<int64_t>(), *new_tokens = new_tokens_t.data_ptr<int64_t>();
+      float* new_logprobs = new_logprobs_t.data_ptr<float>();
+      std::vector<char> done(items);
+      for (int64_t a = 0; a < items; ++a) {
+        float* run = running.data() + a * k;
+        const int64_t base = one_row ? a * 2 * k : a * k * 2 * k;
+        for (int64_t b = 0; b < k; ++b)
+          for (int64_t j = 0; j < 2 * k; ++j) order[b * 2 * k + j] = {lp[base + b * row_stride + j] + run[b], b * 2 * k + j};
+        std::partial_sort(order.begin(), order.begin() + 2 * k, order.begin() + wide, before);
+        const bool ending = budgets[active[a]] <= step + 1;
+        for (int64_t j = 0; j < 2 * k; ++j) {
+          top_scores[j] = order[j].first;
+          pick[j] = order[j].second;
+          const int64_t beam = pick[j] / (2 * k), at_flat = base + beam * row_stride + pick[j] % (2 * k);
+          rows_out[a * 2 * k + j] = a * k + beam;
+          tokens_out[a * 2 * k + j] = tk[at_flat];
+          logprobs_out[a * 2 * k + j] = lp[at_flat];
+          hits[j] = tk[at_flat] == eos || ending;
+        }
+        // the k best that do not end here continue
+        for (int64_t j = 0; j < 2 * k; ++j) order[j] = {top_scores[j] + (hits[j] ? neg : -0.0f), j};
+        std::partial_sort(order.begin(), order.begin() + k, order.begin() + 2 * k, before);
+        bool all_done = true;
+        for (int64_t j = 0; j < k; ++j) all_done = all_done && finished_done[a * k + j];
+        for (int64_t j = 0; j < 2 * k; ++j) {
+          taking[j] = hits[j] && j < k && !frozen[a];
+          const bool eligible = taking[j] && improvable[a] && !all_done;
+          candidate[j] = eligible ? top_scores[j] / divisor : top_scores[j] + 2.0f * neg;
+        }
+        // merge the finished slots with this step's candidates and keep the k best
+        for (int64_t j = 0; j < k; ++j) merged[j] = {finished[a * k + j], j};
+        for (int64_t j = 0; j < 2 * k; ++j) merged[k + j] = {candidate[j], k + j};
+        std::partial_sort(merged.begin(), merged.begin() + k, merged.end(), before);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t slot = merged[j].second;
+          kept_scores[j] = merged[j].first;
+          kept_done[j] = slot < k ? finished_done[a * k + slot] : taking[slot - k];
+          kept_ref[j] = slot < k ? finished_ref[a * k + slot] : a * 2 * k + (slot - k) + step * ref_stride;
+        }
+        float worst = kept_scores[0];
+        bool every_done = true, every_hit = true, can_improve = false;
+        for (int64_t j = 0; j < k; ++j) {
+          finished[a * k + j] = kept_scores[j];
+          finished_done[a * k + j] = kept_done[j];
+          finished_ref[a * k + j] = kept_ref[j];
+          worst = std::min(worst, kept_scores[j]);
+          every_done = every_done && kept_done[j];
+        }
+        for (int64_t j = 0; j < 2 * k; ++j) every_hit = every_hit && hits[j];
+        for (int64_t j = 0; j < k; ++j) next_scores[j] = order[j].first;
+        const float best_possible = next_scores[0] / divisor;
+        for (int64_t j = 0; j < k; ++j) can_improve = can_improve || best_possible > (kept_done[j] ? worst : neg);
+        improvable[a] = improvable[a] && can_improve;
+        done[a] = !improvable[a] || every_done || every_hit || frozen[a];
+        frozen[a] = done[a];
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t c = order[j].second;
+          run[j] = next_scores[j];
+          new_rows[a * k + j] = rows_out[a * 2 * k + c];
+          new_tokens[a * k + j] = tokens_out[a * 2 * k + c];
+          new_logprobs[a * k + j] = logprobs_out[a * 2 * k + c];
+        }
+      }
+      const auto device = cross_key[0].device();
+      steps.push_back({run_source_row, run_token, run_logprob, row_t.to(device), token_t.to(device),
+                       token_logprob_t.to(device), keep(cross, capture, capture_layer, capture_head)});
       std::vector<int64_t> kept;
       for (int64_t a = 0; a < items; ++a) {
-        if (done_flags[a]) {
-          results[active[a]] = {finished[a], finished_done[a], finished_ref[a]};
+        if (done[a]) {
+          results[active[a]] = {
+              at::tensor(std::vector<float>(finished.begin() + a * k, finished.begin() + a * k + k), host_floats).to(device),
+              at::tensor(std::vector<int64_t>(finished_done.begin() + a * k, finished_done.begin() + a * k + k), host_longs)
+                  .to(at::kBool).to(device),
+              at::tensor(std::vector<int64_t>(finished_ref.begin() + a * k, finished_ref.begin() + a * k + k), host_longs).to(device)};
         } else {
           kept.push_back(a);
         }
       }
       if (kept.empty()) break;
-      if (static_cast<int64_t>(kept.size()) < items) {
-        keep_rows({&new_rows, &last_tokens, &new_logprobs, &running, &finished, &finished_done, &finished_ref,
-                   &improvable, &budget, &frozen},
-                  at::tensor(kept, longs));
+      const int64_t left = kept.size();
+      if (left < items) {  // the inputs still running, in order, their slots moved down
+        Tensor rows_left = at::empty({left * k}, host_longs), tokens_left = at::empty({left * k}, host_longs);
+        Tensor logprobs_left = at::empty({left * k}, host_floats);
+        for (int64_t i = 0; i < left; ++i) {
+          const int64_t a = kept[i];
+          for (int64_t j = 0; j < k; ++j) {
+            rows_left.data_ptr<int64_t>()[i * k + j] = new_rows[a * k + j];
+            tokens_left.data_ptr<int64_t>()[i * k + j] = new_tokens[a * k + j];
+            logprobs_left.data_ptr<float>()[i * k + j] = new_logprobs[a * k + j];
+            running[i * k + j] = running[a * k + j];
+            finished[i * k + j] = finished[a * k + j];
+            finished_done[i * k + j] = finished_done[a * k + j];
+            finished_ref[i * k + j] = finished_ref[a * k + j];
+          }
+          improvable[i] = improvable[a];
+          frozen[i] = frozen[a];
+        }
+        new_rows_t = rows_left;
+        new_tokens_t = tokens_left;
+        new_logprobs_t = logprobs_left;
         active = picked(active, kept);
       }
-      new_rows = new_rows.reshape(-1);
-      last_tokens = last_tokens.reshape(-1);
-      run_source_row = new_rows;
+      run_source_row = new_rows_t.to(device);
+      last_tokens = new_tokens_t.to(device);
       run_token = last_tokens;
-      run_logprob = new_logprobs.reshape(-1);
+      run_logprob = new_logprobs_t.to(device);
       // after the first step, input a's self-attention keys and values are in row a, not in rows a·k…a·k+k-1
-      cache.reorder(new_rows, true, step == 0 && k > 1 ? at::div(new_rows, k, "floor") : Tensor());
+      cache.reorder(run_source_row, true, step == 0 && k > 1 ? at::div(run_source_row, k, "floor") : Tensor());
     }
     return {steps, results};
   }
