@@ -312,7 +312,8 @@ VNNI_TARGET void quantize_rows_vnni(const float* x, int64_t rows, int64_t in, in
 template <int R, int NB>
 VNNI_TARGET inline void vnni_tile(const uint8_t* a, int64_t a_stride, const int8_t* w, int64_t groups,
                                   const float* steps, const int32_t* zeros, const float* scales, const int32_t* sums, const float* bias,
-                                  bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns) {
+                                  bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns,
+                                  float* maxes, int64_t maxes_stride) {
   __m512i acc[R][NB];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -332,6 +333,9 @@ VNNI_TARGET inline void vnni_tile(const uint8_t* a, int64_t a_stride, const int8
       for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], x, weights[b]);
     }
   }
+  __m512 top[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) top[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
 #pragma GCC unroll 4
   for (int b = 0; b < NB; ++b) {
     const int64_t c = column + 16 * b;
@@ -352,27 +356,32 @@ VNNI_TARGET inline void vnni_tile(const uint8_t* a, int64_t a_stride, const int8
         result = _mm512_div_ps(y, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
       }
       _mm512_mask_storeu_ps(out + r * out_stride + c, lanes, result);
+      top[r] = _mm512_mask_max_ps(top[r], lanes, top[r], result);
     }
+  }
+  if (maxes) {  // each row's largest value of these 64 columns: the block maxima the candidates start from
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) maxes[r * maxes_stride] = _mm512_reduce_max_ps(top[r]);
   }
 }
 
 template <int R>
 VNNI_TARGET void vnni_rows(int64_t nb, const uint8_t* a, int64_t a_stride, const int8_t* w, int64_t groups,
                            const float* steps, const int32_t* zeros, const float* scales, const int32_t* sums, const float* bias,
-                           bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns) {
+                           bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns,
+                           float* maxes, int64_t maxes_stride) {
   switch (nb) {
-    case 4: return vnni_tile<R, 4>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns);
-    case 3: return vnni_tile<R, 3>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns);
-    case 2: return vnni_tile<R, 2>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns);
-    default: return vnni_tile<R, 1>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns);
+    case 4: return vnni_tile<R, 4>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
+    case 3: return vnni_tile<R, 3>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
+    case 2: return vnni_tile<R, 2>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
+    default: return vnni_tile<R, 1>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
   }
 }
 
 // out (rows, W.out) = the quantized rows `a` times W: panels of 64 columns, each panel's weights (16 KB at 256
 // inputs) kept in L1 while every 4-row tile passes over them.
 VNNI_TARGET void vnni_matmul(const uint8_t* a, const float* steps, const int32_t* zeros, int64_t rows,
-                             const VnniWeight& w,
-                             const float* bias, bool silu, float* out) {
+                             const VnniWeight& w, const float* bias, bool silu, float* out, float* maxes) {
   const int64_t a_stride = w.groups * 4, panels = (w.blocks + 3) / 4;
   const int8_t* packed = w.packed.data_ptr<int8_t>();
   const float* scales = w.scales.data_ptr<float>();
@@ -382,15 +391,16 @@ VNNI_TARGET void vnni_matmul(const uint8_t* a, const float* steps, const int32_t
       const int64_t nb = std::min<int64_t>(4, w.blocks - 4 * p), column = 64 * p;
       const int8_t* panel = packed + 4 * p * w.groups * 64;
       int64_t r = 0;
+      const auto maxes_at = [&](int64_t row) { return maxes ? maxes + row * panels + p : nullptr; };
       for (; r + 4 <= rows; r += 4)
         vnni_rows<4>(nb, a + r * a_stride, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu,
-                     out + r * w.out, w.out, column, w.out);
+                     out + r * w.out, w.out, column, w.out, maxes_at(r), panels);
       const uint8_t* rest = a + r * a_stride;
       float* rest_out = out + r * w.out;
       switch (rows - r) {
-        case 3: vnni_rows<3>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out); break;
-        case 2: vnni_rows<2>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out); break;
-        case 1: vnni_rows<1>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out); break;
+        case 3: vnni_rows<3>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
+        case 2: vnni_rows<2>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
+        case 1: vnni_rows<1>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
         default: break;
       }
     }
@@ -398,8 +408,9 @@ VNNI_TARGET void vnni_matmul(const uint8_t* a, const float* steps, const int32_t
 }
 #endif
 
-// x (rows, in) contiguous fp32 → x Wᵀ + b (then SiLU if `silu`) through the VNNI tiles.
-Tensor vnni_linear(const Tensor& x, const VnniWeight& w, const Tensor& bias, bool silu) {
+// x (rows, in) contiguous fp32 → x Wᵀ + b (then SiLU if `silu`) through the VNNI tiles; `maxes` (when given, rows ×
+// ⌈out / 64⌉ floats): each row's largest output of every 64 columns, taken in the tiles' registers.
+Tensor vnni_linear(const Tensor& x, const VnniWeight& w, const Tensor& bias, bool silu, float* maxes = nullptr) {
   const int64_t rows = x.size(0);
   Tensor out = at::empty({rows, w.out}, x.options());
 #if HAVE_VNNI_KERNEL
@@ -409,7 +420,7 @@ Tensor vnni_linear(const Tensor& x, const VnniWeight& w, const Tensor& bias, boo
   quantize_rows_vnni(x.data_ptr<float>(), rows, w.in, w.groups, a.data_ptr<uint8_t>(), steps.data_ptr<float>(),
                      zeros.data_ptr<int32_t>());
   vnni_matmul(a.data_ptr<uint8_t>(), steps.data_ptr<float>(), zeros.data_ptr<int32_t>(), rows, w,
-              bias.defined() ? bias.data_ptr<float>() : nullptr, silu, out.data_ptr<float>());
+              bias.defined() ? bias.data_ptr<float>() : nullptr, silu, out.data_ptr<float>(), maxes);
 #endif
   return out;
 }
@@ -523,16 +534,23 @@ CPU_CLONES void block_max_loop(const float* x, int64_t n, int64_t block, float* 
 // a floor for the row's m-th largest value (m blocks reach it), so only the values at or above it, in the blocks
 // that reach it, are gathered and sorted. (Inserting as a pass meets them, in columns ordered by frequency where
 // the likeliest tokens come first, shifted a sorted list for most values: 6 % of a 16-text int8 decode.)
-void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* at_column) {
-  constexpr int64_t block = 64;
+constexpr int64_t kBlock = 64;  // top_of_row's blocks (the VNNI tiles' panels are the same 64 columns)
+
+void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* at_column,
+                const float* block_maxes = nullptr) {
+  constexpr int64_t block = kBlock;
   const int64_t blocks = (width + block - 1) / block;
-  thread_local std::vector<float> maxes, floor_of;
+  thread_local std::vector<float> own_maxes, floor_of;
   thread_local std::vector<std::pair<float, int64_t>> found;
-  maxes.resize(blocks);
-  block_max_loop(row, width, block, maxes.data());
+  if (!block_maxes) {
+    own_maxes.resize(blocks);
+    block_max_loop(row, width, block, own_maxes.data());
+    block_maxes = own_maxes.data();
+  }
+  const float* maxes = block_maxes;
   float floor = -std::numeric_limits<float>::infinity();
   if (blocks > m) {
-    floor_of.assign(maxes.begin(), maxes.end());
+    floor_of.assign(maxes, maxes + blocks);
     std::nth_element(floor_of.begin(), floor_of.begin() + (m - 1), floor_of.end(), std::greater<float>());
     floor = floor_of[m - 1];
   }
@@ -1192,7 +1210,11 @@ class Runtime {
                                         int64_t eos, int64_t pad) const {
     const int64_t rows = x.size(0), d = x.size(1);
     const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
-    Tensor out = output_.run(x, kernel).contiguous();  // (N, V) logits, int8 ones not yet rescored
+    // (N, V) logits, int8 ones not yet rescored; from the VNNI tiles with each row's 64-column maxima beside
+    const bool tiles = kernel == kVnni && output_.vnni && x.is_contiguous();
+    std::vector<float> block_maxes(tiles ? rows * ((output_.vnni.out + kBlock - 1) / kBlock) : 0);
+    Tensor out = tiles ? vnni_linear(x, output_.vnni, output_.bias, false, block_maxes.data())
+                       : output_.run(x, kernel).contiguous();
     Tensor state = x.contiguous();
     const int64_t width = out.size(1);
     const int64_t rescored = quantized(kernel) && rescore_ > 0 ? std::min(rescore_, width) : 0;
@@ -1223,7 +1245,8 @@ class Runtime {
         continue;
       }
       float* row = logits + r * width;
-      top_of_row(row, width, pool, v.data(), column.data());
+      top_of_row(row, width, pool, v.data(), column.data(),
+                 tiles ? block_maxes.data() + r * ((width + kBlock - 1) / kBlock) : nullptr);
       for (int64_t j = 0; j < rescored; ++j) {  // int8: the best candidates' logits recomputed exactly, in place
         v[j] = dot_loop(w + column[j] * d, states + r * d, d) + b[column[j]];
         row[column[j]] = v[j];
