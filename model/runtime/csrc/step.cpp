@@ -46,12 +46,29 @@ Tensor onednn_reorder(const Tensor& weight) {
   return stack[0].toTensor();
 }
 
+// oneDNN builds and keeps one primitive per input shape it meets (up to 1,024 of them, most of a replica's memory
+// growth under mixed traffic: an encoder's row count is its batch's token count). Rows are padded up to a bucket
+// (4; multiples of 8 to 64; of 32 above) so that a service meets a few dozen row counts instead of hundreds.
+int64_t onednn_rows(int64_t rows) {
+  if (rows <= 4) return 4;
+  return rows <= 64 ? (rows + 7) / 8 * 8 : (rows + 31) / 32 * 32;
+}
+
 Tensor onednn_linear(const Tensor& x, const Tensor& packed, const Tensor& bias) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  std::vector<c10::IValue> stack{x, packed, bias.defined() ? c10::IValue(bias) : c10::IValue(), std::string("none"),
-                          c10::List<std::optional<at::Scalar>>(), c10::IValue(std::string(""))};
+  const int64_t rows = x.dim() == 2 ? x.size(0) : -1, bucket = rows < 0 ? rows : onednn_rows(rows);
+  Tensor input = x;
+  if (bucket != rows) {
+    input = at::empty({bucket, x.size(1)}, x.options());
+    input.narrow(0, 0, rows).copy_(x);
+    input.narrow(0, rows, bucket - rows).zero_();
+  }
+  std::vector<c10::IValue> stack{input, packed, bias.defined() ? c10::IValue(bias) : c10::IValue(),
+                                 std::string("none"), c10::List<std::optional<at::Scalar>>(),
+                                 c10::IValue(std::string(""))};
   op.callBoxed(&stack);
-  return stack[0].toTensor();
+  Tensor out = stack[0].toTensor();
+  return bucket != rows ? out.narrow(0, 0, rows) : out;
 }
 
 const char* kernel_name(int64_t kernel) {
