@@ -21,27 +21,12 @@ import torch
 
 from bench import write_report
 from bench.alignment import DATA
-from model.training.evaluate_alignment import AlignmentItem, ForcedMaps, forced_maps, head_rows
-from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and, transpose
+from model.training.evaluate_alignment import AlignmentItem, ForcedMaps, forced_maps, head_rows, in_domain_items
+from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and
 from model.translator import Translator
 
 DEV = DATA / "alignment-tatoeba-zh-en" / "dev.json"
 THRESHOLDS = (0.05, 0.08, 0.1, 0.12, 0.15, 0.2, 0.25)
-
-
-def read_items(records: list[dict], direction: str) -> list[AlignmentItem]:
-    items = []
-    for record in records:
-        sure = {tuple(link) for link in record["sure"]}  # (zh word, en word)
-        possible = sure | {tuple(link) for link in record["possible"]}
-        en, zh = [tuple(s) for s in record["en_spans"]], [tuple(s) for s in record["zh_spans"]]
-        if direction == "zh-en":
-            items.append(AlignmentItem(record["zh"], record["en"], zh, en, GoldLinks(sure, possible)))
-        else:
-            items.append(
-                AlignmentItem(record["en"], record["zh"], en, zh, GoldLinks(transpose(sure), transpose(possible)))
-            )
-    return items
 
 
 def word_matrix(forced: ForcedMaps, item: AlignmentItem, translator: Translator) -> torch.Tensor:
@@ -68,11 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="JSON path (default bench/results/alignment-variants.json)")
     args = parser.parse_args(argv)
     records = json.loads(args.dev.read_text(encoding="utf-8"))
-    gold = [item.reference for item in read_items(records, "zh-en")]  # (zh word, en word), as the variants
+    gold = [item.reference for item in in_domain_items(args.dev, "zh")]  # (zh word, en word), as the variants
     zh_en = {}  # per direction: per pair, the word matrix in (zh word, en word) orientation
     for direction in ("en-zh", "zh-en"):
         translator = Translator.from_pretrained(direction, device="cpu")
-        items = read_items(records, direction)
+        items = in_domain_items(args.dev, direction.split("-")[0])
         maps = forced_maps(translator.model, translator.tokenizer, items)
         matrices = [word_matrix(forced, item, translator) for forced, item in zip(maps, items, strict=True)]
         zh_en[direction] = matrices if direction == "en-zh" else [m.T for m in matrices]
