@@ -11,7 +11,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -469,7 +469,7 @@ class Translator:
         else:
             matrix = hypothesis.alignment_attention  # (T, S): the alignment head's rows
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        agreed = self._agreement(source_ids, hypothesis.token_ids, matrix, reverse, pairs, words[0])
+        agreed = self._agreement(source_ids, hypothesis.token_ids, reverse, pairs, words[0])
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -485,6 +485,23 @@ class Translator:
             cross_attention=attention if keep_attention else None,
             alignment_method=agreed[2],
             alignment_note=agreed[3],
+        )
+
+    def with_agreement(self, translation: Translation, reverse: Translator) -> Translation:
+        """`translation` (made without `reverse`, and its alternatives) with the alignment agreed with `reverse`,
+        as `translate(..., reverse=reverse)` would have given it: for choosing the alignment after decoding."""
+        if not translation.target_ids:  # a blank text: nothing was decoded, nothing to align
+            return translation
+        pairs, words, method, note = self._agreement(
+            translation.source_ids, translation.target_ids, reverse, translation.alignment, translation.word_alignment
+        )
+        return replace(
+            translation,
+            alignment=pairs,
+            word_alignment=words,
+            alignment_method=method,
+            alignment_note=note,
+            alternatives=[self.with_agreement(alternative, reverse) for alternative in translation.alternatives],
         )
 
     def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
@@ -514,13 +531,17 @@ class Translator:
         self,
         source_ids: list[int],
         target_ids: list[int],
-        matrix: Tensor,
         reverse: Translator | None,
         head_pairs: list[tuple[int, int]],
         head_words: list[tuple[int, int]],
+        matrix: Tensor | None = None,
     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], str, str | None]:
         """(token links, word links, method, note): the agreed alignment with `reverse`, or the head's one-best
-        given (without `reverse`, or where the reverse model cannot read the pair: the note says why)."""
+        given (without `reverse`, or where the reverse model cannot read the pair: the note says why).
+
+        This model's rows come from a forced decode of the exact model (`matrix`: one already made), as an
+        explanation fetched later recomputes them, so that both give the same links (a decode's own rows, in
+        int8 or in another batch, differ in the last bits, enough to move a product across the threshold)."""
         if reverse is None:
             return head_pairs, head_words, "head", None
         source_text, translation = self.tokenizer.source_text(source_ids), self.tokenizer.detokenize(target_ids)
@@ -530,6 +551,9 @@ class Translator:
             backward = reverse.alignment_rows(translation, source_text)
         except InputTooLongError:
             return head_pairs, head_words, "head", f"the pair is too long for the reverse model {reverse.name}"
+        if matrix is None:
+            decoded = forced_decode(self.exact_model, list(source_ids), list(target_ids), encoder_attention=False)
+            matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         forward = AlignmentRows(
             self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
         )
@@ -551,7 +575,7 @@ class Translator:
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        agreed = self._agreement(list(source_ids), list(target_ids), matrix, reverse, pairs, words[0])
+        agreed = self._agreement(list(source_ids), list(target_ids), reverse, pairs, words[0], matrix)
         return Explanation(
             source_ids=list(source_ids),
             target_ids=list(target_ids),

@@ -191,3 +191,18 @@ def test_with_a_reverse_model_links_never_touch_the_end_tokens(shipped):
             last_source, last_target = len(translation.source_ids) - 1, len(translation.target_ids) - 1
             assert all(s < last_source and t < last_target for s, t in translation.alignment)
             assert translation.word_alignment, translation.text
+
+
+def test_agreement_chosen_after_decoding_equals_agreement_asked_for_while_decoding(shipped):
+    forward, reverse = shipped["en-zh"], shipped["zh-en"]
+    texts = [*SENTENCES["en-zh"][:3], ""]
+    asked = forward.translate(texts, beam_size=4, n_best=2, reverse=reverse)
+    chosen = [forward.with_agreement(t, reverse) for t in forward.translate(texts, beam_size=4, n_best=2)]
+    for one, other in zip(asked, chosen, strict=True):
+        for a, b in zip([one, *one.alternatives], [other, *other.alternatives], strict=True):
+            assert (a.alignment, a.word_alignment, a.alignment_method) == (
+                b.alignment,
+                b.word_alignment,
+                b.alignment_method,
+            )
+    assert chosen[-1].text == "" and chosen[-1].alignment == []
