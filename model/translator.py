@@ -517,7 +517,7 @@ class Translator:
         limit = self.config.max_position_embeddings
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
-        decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False)
+        decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False, token_scores=False)
         return AlignmentRows(
             self._read_rows(alignment_matrix(decoded.cross_attention, *self.alignment_head)),
             self.tokenizer.source_tokens(source_ids),
@@ -552,7 +552,9 @@ class Translator:
         except InputTooLongError:
             return head_pairs, head_words, "head", f"the pair is too long for the reverse model {reverse.name}"
         if matrix is None:
-            decoded = forced_decode(self.exact_model, list(source_ids), list(target_ids), encoder_attention=False)
+            decoded = forced_decode(
+                self.exact_model, list(source_ids), list(target_ids), encoder_attention=False, token_scores=False
+            )
             matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         forward = AlignmentRows(
             self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
