@@ -96,8 +96,8 @@ class TranslateRequest(ModelChoice):
     alignment_method: AlignmentMethod = Field(
         "head",
         description=ALIGNMENT_METHOD_HELP + ' Default "head" here: "agreement" costs a forced decode of the reverse '
-        "model per hypothesis (about 7–10 ms a text on the shipped models' CPU, twice a batched translation's cost; "
-        "docs/rest-api.md). The explanation_id remembers the method given.",
+        "model per hypothesis and this model's own (15–30 ms a text on a 2-core CPU for the shipped models, 2–3.5× a "
+        "text's decode; docs/rest-api.md). The explanation_id remembers the method given.",
     )
     split_sentences: bool = Field(
         True,
