@@ -1,5 +1,6 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
+from model.agreement import ALIGNMENT_METHODS, AgreedAlignment, AlignmentRows, agreed_alignment
 from model.attribution import DEFAULT_STEPS as ATTRIBUTION_DEFAULT_STEPS
 from model.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
 from model.attribution import METHODS as ATTRIBUTION_METHODS
@@ -20,6 +21,10 @@ from model.transformer import Transformer
 from model.translator import Explanation, StreamedToken, Translation, Translator
 
 __all__ = [
+    "ALIGNMENT_METHODS",
+    "AgreedAlignment",
+    "AlignmentRows",
+    "agreed_alignment",
     "ATTRIBUTION_DEFAULT_STEPS",
     "ATTRIBUTION_MAX_STEPS",
     "ATTRIBUTION_METHODS",

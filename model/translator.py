@@ -11,12 +11,13 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from model.agreement import AlignmentRows, agreed_alignment
 from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
@@ -78,6 +79,8 @@ class Translation:
     target_words: list[str]
     cross_attention: Tensor | None = None  # (layers, heads, T, S)
     alternatives: list[Translation] = field(default_factory=list)
+    alignment_method: str = "head"  # "head": one link per target token; "agreement": see model.agreement
+    alignment_note: str | None = None  # why "agreement" was asked for and "head" given
 
 
 def word_links(
@@ -149,6 +152,8 @@ class Explanation:
     cross_attention: Tensor  # (decoder_layers, heads, T, S)
     encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
     alignment_shift: bool = False  # alignments read at the step where each target token is the decoder's input
+    alignment_method: str = "head"  # as Translation's
+    alignment_note: str | None = None
 
 
 def blank_translation() -> Translation:
@@ -344,13 +349,15 @@ class Translator:
         options: DecodingOptions | None = None,
         *,
         return_attention: bool = False,
+        reverse: Translator | None = None,
         **settings,
     ) -> list[Translation]:
         """Translate texts with `options` (or its fields by keyword, as `generate`).
 
         Alignments are always computed (from the alignment head's captured rows); every layer's and
         head's attention is captured and returned only when return_attention is true. A blank text
-        translates to "" without running the model.
+        translates to "" without running the model. With `reverse` (a model translating the other way)
+        the alignments are its and this model's agreed ones (`agreed_alignment`), else the head's one-best.
         """
         options = decoding_options(options, settings)
         source_ids = self.encode_source(texts)
@@ -368,7 +375,7 @@ class Translator:
             if not hypotheses:
                 results.append(blank_translation())
                 continue
-            built = [self._build(ids, h, return_attention) for h in hypotheses]
+            built = [self._build(ids, h, return_attention, reverse) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]
             results.append(best)
@@ -398,6 +405,7 @@ class Translator:
         *,
         return_attention: bool = False,
         on_token: Callable[[StreamedToken], None] | None = None,
+        reverse: Translator | None = None,
         **settings,
     ) -> Future:
         """Translate one text through the continuous loop (`start_continuous` first): a Future of its
@@ -425,7 +433,7 @@ class Translator:
                 result.set_exception(error)
                 return
             try:
-                translations = [self._build(source_ids, h, return_attention) for h in finished.result()]
+                translations = [self._build(source_ids, h, return_attention, reverse) for h in finished.result()]
             except Exception as failure:  # noqa: BLE001 - delivered to the waiting caller
                 result.set_exception(failure)
                 return
@@ -450,7 +458,9 @@ class Translator:
         if self._loop is not None and decoding is not None:
             self._loop.cancel(decoding)
 
-    def _build(self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool) -> Translation:
+    def _build(
+        self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool, reverse: Translator | None = None
+    ) -> Translation:
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
@@ -459,6 +469,7 @@ class Translator:
         else:
             matrix = hypothesis.alignment_attention  # (T, S): the alignment head's rows
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
+        agreed = self._agreement(source_ids, hypothesis.token_ids, reverse, pairs, words[0])
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -467,27 +478,106 @@ class Translator:
             target_ids=list(hypothesis.token_ids),
             score=hypothesis.score,
             token_logprobs=hypothesis.token_logprobs,
-            alignment=pairs,
-            word_alignment=words[0],
+            alignment=agreed[0],
+            word_alignment=agreed[1],
             source_words=words[1],
             target_words=words[2],
             cross_attention=attention if keep_attention else None,
+            alignment_method=agreed[2],
+            alignment_note=agreed[3],
+        )
+
+    def with_agreement(self, translation: Translation, reverse: Translator) -> Translation:
+        """`translation` (made without `reverse`, and its alternatives) with the alignment agreed with `reverse`,
+        as `translate(..., reverse=reverse)` would have given it: for choosing the alignment after decoding."""
+        if not translation.target_ids:  # a blank text: nothing was decoded, nothing to align
+            return translation
+        pairs, words, method, note = self._agreement(
+            translation.source_ids, translation.target_ids, reverse, translation.alignment, translation.word_alignment
+        )
+        return replace(
+            translation,
+            alignment=pairs,
+            word_alignment=words,
+            alignment_method=method,
+            alignment_note=note,
+            alternatives=[self.with_agreement(alternative, reverse) for alternative in translation.alternatives],
         )
 
     def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
         """Token and word alignments from the alignment head's (T, S) rows, read as the model declares."""
-        if self.alignment_shift:
-            matrix = shift_rows(matrix)
+        matrix = self._read_rows(matrix)
         return attention_links(matrix), word_links(matrix, source_tokens, target_tokens)
 
-    def explain(self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False) -> Explanation:
+    def alignment_rows(self, source: str, target: str) -> AlignmentRows:
+        """The alignment head's rows (read as the model declares) when `target` is forced after `source`:
+        what a reverse model contributes to `agreed_alignment`. Raises InputTooLongError past the positions."""
+        source_ids = self.tokenizer.encode_source(source)
+        target_ids = self.tokenizer.encode_target(target)
+        limit = self.config.max_position_embeddings
+        if max(len(source_ids), len(target_ids)) > limit:
+            raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
+        decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False, token_scores=False)
+        return AlignmentRows(
+            self._read_rows(alignment_matrix(decoded.cross_attention, *self.alignment_head)),
+            self.tokenizer.source_tokens(source_ids),
+            self.tokenizer.target_tokens(target_ids),
+        )
+
+    def _read_rows(self, matrix: Tensor) -> Tensor:
+        return shift_rows(matrix) if self.alignment_shift else matrix
+
+    def _agreement(
+        self,
+        source_ids: list[int],
+        target_ids: list[int],
+        reverse: Translator | None,
+        head_pairs: list[tuple[int, int]],
+        head_words: list[tuple[int, int]],
+        matrix: Tensor | None = None,
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], str, str | None]:
+        """(token links, word links, method, note): the agreed alignment with `reverse`, or the head's one-best
+        given (without `reverse`, or where the reverse model cannot read the pair: the note says why).
+
+        This model's rows come from a forced decode of the exact model (`matrix`: one already made), as an
+        explanation fetched later recomputes them, so that both give the same links (a decode's own rows, in
+        int8 or in another batch, differ in the last bits, enough to move a product across the threshold)."""
+        if reverse is None:
+            return head_pairs, head_words, "head", None
+        source_text, translation = self.tokenizer.source_text(source_ids), self.tokenizer.detokenize(target_ids)
+        if not source_text.strip() or not translation.strip():
+            return head_pairs, head_words, "head", "nothing to agree on: the source or the translation is empty"
+        try:
+            backward = reverse.alignment_rows(translation, source_text)
+        except InputTooLongError:
+            return head_pairs, head_words, "head", f"the pair is too long for the reverse model {reverse.name}"
+        if matrix is None:
+            decoded = forced_decode(
+                self.exact_model, list(source_ids), list(target_ids), encoder_attention=False, token_scores=False
+            )
+            matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
+        forward = AlignmentRows(
+            self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
+        )
+        agreed = agreed_alignment(forward, backward, source_text, translation)
+        return agreed.token_links, agreed.word_links, "agreement", None
+
+    def explain(
+        self,
+        source_ids: list[int],
+        target_ids: list[int],
+        encoder_attention: bool = False,
+        reverse: Translator | None = None,
+    ) -> Explanation:
         """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
-        `translate` gave for that output, plus (encoder_attention) the encoder's self-attention."""
+        `translate` gave for that output (with the same `reverse`: agreed with it, as `translate`), plus
+        (encoder_attention) the encoder's self-attention."""
         decoded = forced_decode(self.exact_model, list(source_ids), list(target_ids), encoder_attention)
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
+        agreed = self._agreement(list(source_ids), list(target_ids), reverse, pairs, words[0], matrix)
         return Explanation(
             source_ids=list(source_ids),
             target_ids=list(target_ids),
@@ -496,14 +586,16 @@ class Translator:
             source_text=self.tokenizer.source_text(source_ids),
             text=self.tokenizer.detokenize(target_ids),
             token_logprobs=decoded.token_logprobs,
-            alignment=pairs,
-            word_alignment=words[0],
+            alignment=agreed[0],
+            word_alignment=agreed[1],
             source_words=words[1],
             target_words=words[2],
             alignment_head=self.alignment_head,
             alignment_shift=self.alignment_shift,
             cross_attention=decoded.cross_attention,
             encoder_self_attention=decoded.encoder_self_attention,
+            alignment_method=agreed[2],
+            alignment_note=agreed[3],
         )
 
     def attribute(

@@ -258,7 +258,11 @@ class Ingress:
         plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/text/split_texts.py
         texts = model_texts(body.texts, plans)
         call = TranslateCall(
-            texts=texts, options=body.decoding_options(), attention=body.attention, source_share=body.source_share
+            texts=texts,
+            options=body.decoding_options(),
+            attention=body.attention,
+            source_share=body.source_share,
+            alignment_method=body.alignment_method,
         )
         outcomes = await self.translate_call(model, call)
         return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
@@ -289,7 +293,11 @@ class Ingress:
 
         def first_event(sentence: str) -> Callable[[], Any]:
             call = TranslateCall(
-                texts=[sentence], options=options, attention=body.attention, source_share=body.source_share
+                texts=[sentence],
+                options=options,
+                attention=body.attention,
+                source_share=body.source_share,
+                alignment_method=body.alignment_method,
             )
 
             async def start() -> tuple[Any, Any, list]:
@@ -353,17 +361,23 @@ class Ingress:
     async def explanation(self, explanation_id: str) -> Response:
         key = self.explanation_key(explanation_id)
         handle = self.translators[key.model_id]
-        return json_response(
-            await self.call(partial(handle.explanation.remote, key.weights_digest, key.source_ids, key.target_ids))
+        fetch = partial(
+            handle.explanation.remote, key.weights_digest, key.source_ids, key.target_ids, key.alignment_method
         )
+        return json_response(await self.call(fetch))
 
     @api.post("/v1/explain", response_model=ExplainResponse, responses=ERRORS, summary="Explain one head step by step")
     async def explain(self, body: ExplainRequest) -> Response:
-        view = ExplainView(body.kind, body.layer, body.head, body.position, body.method, body.steps)
+        view = ExplainView(
+            body.kind, body.layer, body.head, body.position, body.method, body.steps, body.alignment_method
+        )
         if body.explanation_id is not None:
             key = self.explanation_key(body.explanation_id)
             handle = self.translators[key.model_id]
-            call = partial(handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, view)
+            call = partial(
+                handle.explain_ids.remote, key.weights_digest, key.source_ids, key.target_ids, view,
+                key.alignment_method,
+            )  # fmt: skip
         else:
             handle = self.translators[self.pick_model(body.model, body.source_lang, body.target_lang)]
             call = partial(handle.explain.remote, body.source, body.target, body.beam_size, view)
@@ -399,8 +413,14 @@ class Ingress:
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    """The Ray Serve application: the ingress plus one translator deployment per configured model."""
+    """The Ray Serve application: the ingress plus one translator deployment per configured model (each told the
+    model translating the other way, if one is served, for the agreed alignment)."""
     config = ServiceConfig.model_validate(args or {})
+
+    def reverse_of(spec: ModelSpec) -> dict | None:
+        pairs = [m for m in config.models if (m.source_lang, m.target_lang) == (spec.target_lang, spec.source_lang)]
+        return pairs[0].model_dump() if pairs else None
+
     translators = {
         spec.id: TranslatorDeployment.options(name=translator_deployment_name(spec.id)).bind(
             spec.model_dump(),
@@ -410,6 +430,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
             metrics_dir=config.metrics_dir,
             scheduler=config.scheduler,
             max_rows=config.max_rows,
+            reverse_spec=reverse_of(spec),
         )
         for spec in config.models
     }

@@ -9,12 +9,12 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray import serve
 
-from model import DecodingOptions, InputTooLongError, StreamedToken, Translator, TranslatorError
+from model import DecodingOptions, InputTooLongError, StreamedToken, Translation, Translator, TranslatorError
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
@@ -40,6 +40,7 @@ class BatchItem:
     text: str
     options: DecodingOptions
     attention: str  # "none" | "summary" | "full": only changes what is returned
+    alignment_method: str = "head"  # "agreement": realigned with the reverse model after the shared decode
 
 
 @serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
@@ -50,7 +51,9 @@ class TranslatorDeployment:
     concurrent requests share them; a batch is one engine call in a worker thread, so the replica keeps
     accepting requests while it decodes.
 
-    Its arguments are service.config.ServiceConfig's (build_app passes them on), which holds their defaults."""
+    Its arguments are service.config.ServiceConfig's (build_app passes them on), which holds their defaults;
+    reverse_spec: the served model translating the other way, loaded here too (float32, forced decodes only) for
+    the "agreement" alignment, or None (the head's one-best is given, and the answer says why)."""
 
     def __init__(
         self,
@@ -62,10 +65,18 @@ class TranslatorDeployment:
         metrics_dir: str | None,
         scheduler: str,
         max_rows: int,
+        reverse_spec: dict | None = None,
     ) -> None:
         self.spec = ModelSpec.model_validate(spec)
         self.metrics = service_metrics(metrics_dir)
         self.translator = Translator.from_pretrained(self.spec.expanded_path, dtype=self.spec.dtype)
+        self.reverse: Translator | None = None
+        self.no_reverse_note = (
+            f"no model translating {self.spec.target_lang}→{self.spec.source_lang} is served: the head's one-best"
+        )
+        if reverse_spec is not None:
+            reverse = ModelSpec.model_validate(reverse_spec)
+            self.reverse = Translator.from_pretrained(reverse.expanded_path, device=self.translator.device)
         self.continuous = scheduler == "continuous"
         self._rows_task: asyncio.Task | None = None
         if self.continuous:
@@ -106,6 +117,7 @@ class TranslatorDeployment:
             "alignment_head": self.translator.alignment_head[1],
             "alignment_shift": self.translator.alignment_shift,
             "alignment_source": self.translator.alignment.reason,
+            "alignment_methods": ["agreement", "head"] if self.reverse is not None else ["head"],
             "max_source_tokens": config.max_position_embeddings,
             "max_text_characters": V1_MAX_TEXT_CHARS,  # /v1's limit
         }
@@ -136,7 +148,7 @@ class TranslatorDeployment:
 
     async def _translate(self, call: TranslateCall) -> list[dict]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
-        texts, options, attention = call.texts, call.options, call.attention
+        texts, options, attention, method = call.texts, call.options, call.attention, call.alignment_method
         try:
             source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
         except InputTooLongError as error:
@@ -149,9 +161,9 @@ class TranslatorDeployment:
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
         if self.continuous:
-            decodes = [self._decode_continuously(text, options, attention) for text in texts]
+            decodes = [self._decode_continuously(text, options, attention, method) for text in texts]
         else:
-            decodes = [self.batches.submit(BatchItem(text, options, attention), options) for text in texts]
+            decodes = [self.batches.submit(BatchItem(text, options, attention, method), options) for text in texts]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -222,6 +234,7 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
+        translation = await asyncio.to_thread(self._aligned, translation, call.alignment_method)
         result = self._translation_json(translation, attention)
         if call.source_share:
             await asyncio.to_thread(self._add_source_shares, [result])
@@ -234,7 +247,7 @@ class TranslatorDeployment:
         if options.min_new_tokens > limit:
             raise InputTooLongError(f"min_length must be at most {limit} for model {self.spec.id}")
 
-    async def _decode_continuously(self, text: str, options: DecodingOptions, attention: str) -> dict:
+    async def _decode_continuously(self, text: str, options: DecodingOptions, attention: str, method: str) -> dict:
         """One text through the replica's decode loop; a caller that stops waiting frees its rows."""
         self._watch_rows()
         future = self.translator.submit(text, options, return_attention=attention != "none")
@@ -243,7 +256,25 @@ class TranslatorDeployment:
         except asyncio.CancelledError:
             self._cancel(future)
             raise
+        translation = await asyncio.to_thread(self._aligned, translation, method)
         return self._translation_json(translation, attention)
+
+    def _aligned(self, translation: Translation, method: str) -> Translation:
+        """The translation with the alignment `method` asks for: decodes share batches whatever their method,
+        and "agreement" is computed afterwards, text by text (a forced decode of the reverse model each)."""
+        if method != "agreement":
+            return translation
+        if self.reverse is None:
+            return self._noted(translation)
+        self.metrics.forced_decodes.labels(self.spec.id, "agreement").inc(1 + len(translation.alternatives))
+        return self.translator.with_agreement(translation, self.reverse)
+
+    def _noted(self, translation: Translation) -> Translation:
+        return replace(
+            translation,
+            alignment_note=self.no_reverse_note if translation.target_ids else None,
+            alternatives=[self._noted(alternative) for alternative in translation.alternatives],
+        )
 
     def _cancel(self, future) -> None:
         """The caller went away: stop the decode; counted when it was still running (compute saved)."""
@@ -270,12 +301,16 @@ class TranslatorDeployment:
         for wait in queue_waits:
             self.metrics.queue_wait.labels(model).observe(wait)
         options = items[0].options
-        translations = await asyncio.to_thread(
-            self.translator.translate,
-            [item.text for item in items],
-            options,
-            return_attention=any(item.attention != "none" for item in items),
-        )
+
+        def decode() -> list[Translation]:
+            translations = self.translator.translate(
+                [item.text for item in items],
+                options,
+                return_attention=any(item.attention != "none" for item in items),
+            )
+            return [self._aligned(t, item.alignment_method) for t, item in zip(translations, items, strict=True)]
+
+        translations = await asyncio.to_thread(decode)
         outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
         self.metrics.batch_duration.labels(model).observe(time.monotonic() - started)
         return outcomes
@@ -285,35 +320,40 @@ class TranslatorDeployment:
         self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
         self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
         head, shift = self.translator.alignment_head, self.translator.alignment_shift
-        result = hypothesis_json(
-            translation, self._explanation_id(translation.source_ids, translation.target_ids), attention, head, shift
-        )
+        result = hypothesis_json(translation, self._translation_id(translation), attention, head, shift)
         result["alternatives"] = [
-            hypothesis_json(
-                alternative,
-                self._explanation_id(alternative.source_ids, alternative.target_ids),
-                attention,
-                head,
-                shift,
-            )
+            hypothesis_json(alternative, self._translation_id(alternative), attention, head, shift)
             for alternative in translation.alternatives
         ] or None
         return result
 
-    def _explanation_id(self, source_ids: list[int], target_ids: list[int]) -> str | None:
+    def _translation_id(self, translation: Translation) -> str | None:
+        return self._explanation_id(translation.source_ids, translation.target_ids, translation.alignment_method)
+
+    def _explanation_id(self, source_ids: list[int], target_ids: list[int], alignment_method: str) -> str | None:
+        """The id of (source, target) with the alignment given: a fetch gives the same alignment."""
         if not source_ids:
             return None  # a blank text: nothing was decoded, nothing to explain
-        key = ExplanationKey(self.spec.id, self.translator.weights_digest, tuple(source_ids), tuple(target_ids))
+        key = ExplanationKey(
+            self.spec.id, self.translator.weights_digest, tuple(source_ids), tuple(target_ids), alignment_method
+        )
         return encode_explanation_id(key, self.secret)
 
     # ---- explanations --------------------------------------------------------------------
-    async def explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict | Rejected:
-        """Recompute a translation's maps by forced decoding (GET /v1/explanations/{id})."""
-        return await _rejecting(self._explanation(weights_digest, source_ids, target_ids))
+    async def explanation(
+        self, weights_digest: str, source_ids: list[int], target_ids: list[int], alignment_method: str = "head"
+    ) -> dict | Rejected:
+        """Recompute a translation's maps, and its alignment by `alignment_method`, by forced decoding
+        (GET /v1/explanations/{id})."""
+        return await _rejecting(self._explanation(weights_digest, source_ids, target_ids, alignment_method))
 
-    async def _explanation(self, weights_digest: str, source_ids: list[int], target_ids: list[int]) -> dict:
+    async def _explanation(
+        self, weights_digest: str, source_ids: list[int], target_ids: list[int], alignment_method: str
+    ) -> dict:
         self._check_weights(weights_digest)
-        return await asyncio.to_thread(self._forced_decode_json, list(source_ids), list(target_ids), "explanation")
+        return await asyncio.to_thread(
+            self._forced_decode_json, list(source_ids), list(target_ids), "explanation", alignment_method
+        )
 
     def _check_weights(self, weights_digest: str) -> None:
         if weights_digest != self.translator.weights_digest:
@@ -322,11 +362,22 @@ class TranslatorDeployment:
                 f"{self.translator.weights_digest}"
             )
 
-    def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str) -> dict:
-        """The explanation object; with kind "explain" also the encoder self-attention."""
-        explained = self.translator.explain(source_ids, target_ids, encoder_attention=kind == "explain")
+    def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str, method: str) -> dict:
+        """The explanation object with the alignment `method` asks for; with kind "explain" also the encoder
+        self-attention."""
+        reverse = self.reverse if method == "agreement" else None
+        explained = self.translator.explain(
+            source_ids, target_ids, encoder_attention=kind == "explain", reverse=reverse
+        )
         self.metrics.forced_decodes.labels(self.spec.id, kind).inc()
-        return explanation_json(explained, self.spec.id, self._explanation_id(source_ids, target_ids))
+        if reverse is not None:
+            self.metrics.forced_decodes.labels(self.spec.id, "agreement").inc()
+        result = explanation_json(
+            explained, self.spec.id, self._explanation_id(source_ids, target_ids, explained.alignment_method)
+        )
+        if method == "agreement" and reverse is None:
+            result["alignment_note"] = self.no_reverse_note
+        return result
 
     async def explain(self, source: str, target: str | None, beam_size: int, view: ExplainView) -> dict | Rejected:
         """Forced decode of (source, target) plus one head's attention step by step (POST /v1/explain), and
@@ -337,7 +388,7 @@ class TranslatorDeployment:
     async def _explain(self, source: str, target: str | None, beam_size: int, view: ExplainView) -> dict:
         source_ids = self.translator.encode_source([source])[0]
         if target is None:
-            own = await self._translate(TranslateCall([source], DecodingOptions(beam_size=beam_size)))
+            own = await self._translate(TranslateCall([source], DecodingOptions(beam_size=beam_size)))  # head: cheap
             target_ids = list(decode_explanation_id(own[0]["explanation_id"], self.secret).target_ids)
         else:
             target_ids = self.translator.tokenizer.encode_target(target)
@@ -347,9 +398,17 @@ class TranslatorDeployment:
         return await asyncio.to_thread(self._explain_json, source_ids, target_ids, view)
 
     async def explain_ids(
-        self, weights_digest: str, source_ids: list[int], target_ids: list[int], view: ExplainView
+        self,
+        weights_digest: str,
+        source_ids: list[int],
+        target_ids: list[int],
+        view: ExplainView,
+        alignment_method: str = "head",
     ) -> dict | Rejected:
-        """POST /v1/explain of an explanation id: exactly the tokens the model decoded."""
+        """POST /v1/explain of an explanation id: exactly the tokens the model decoded, aligned as the id says
+        unless the view asks for another method."""
+        if view.alignment_method is None:
+            view = replace(view, alignment_method=alignment_method)
 
         async def run() -> dict:
             self._check_weights(weights_digest)
@@ -362,7 +421,7 @@ class TranslatorDeployment:
         if view.method != "attention":  # first: a pair too long for attributions answers 413 before any other work
             attributions = self.translator.attribute(source_ids, target_ids, view.method, view.steps)
             self.metrics.forced_decodes.labels(self.spec.id, view.method).inc()
-        result = self._forced_decode_json(source_ids, target_ids, "explain")
+        result = self._forced_decode_json(source_ids, target_ids, "explain", view.alignment_method or "agreement")
         steps = self.translator.attention_steps(source_ids, target_ids, view.kind, view.layer, view.head, view.position)
         result["steps"] = steps_json(steps)
         if attributions is not None:

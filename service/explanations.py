@@ -1,5 +1,6 @@
-"""Stateless explanation ids: (model id, weights digest, source and target token ids) packed as varints and
-signed (truncated HMAC-SHA256) in a URL-safe string, so any replica recomputes an explanation and nothing is stored.
+"""Stateless explanation ids: (model id, weights digest, source and target token ids, the alignment method) packed
+as varints and signed (truncated HMAC-SHA256) in a URL-safe string, so any replica recomputes an explanation, with
+the alignment it was given with, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import hmac
 import re
 from dataclasses import dataclass
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the alignment method; version 1 ids (no method) were made with the head's one-best
+ALIGNMENT_METHOD_CODES = {"head": 0, "agreement": 1}
 TAG_BYTES = 12
 DIGEST_BYTES = 8  # the 16 hex characters of Translator.weights_digest
 MAX_ID_CHARS = 8192
@@ -33,6 +35,7 @@ class ExplanationKey:
     weights_digest: str  # 16 hex characters
     source_ids: tuple[int, ...]
     target_ids: tuple[int, ...]
+    alignment_method: str = "head"  # the alignment the explanation was given with (model.ALIGNMENT_METHODS)
 
 
 def _write_varint(value: int, out: bytearray) -> None:
@@ -99,6 +102,7 @@ def encode_explanation_id(key: ExplanationKey, secret: bytes) -> str:
         _write_varint(len(ids), payload)
         for token_id in ids:
             _write_varint(token_id, payload)
+    payload.append(ALIGNMENT_METHOD_CODES[key.alignment_method])
     signed = bytes(payload) + _tag(secret, bytes(payload))
     return base64.urlsafe_b64encode(signed).rstrip(b"=").decode("ascii")
 
@@ -120,7 +124,8 @@ def decode_explanation_id(explanation_id: str, secret: bytes) -> ExplanationKey:
     if not hmac.compare_digest(tag, _tag(secret, payload)):
         raise ExplanationNotFoundError("no explanation with this id")
     reader = _Reader(payload)
-    if reader.byte() != FORMAT_VERSION:
+    version = reader.byte()
+    if version not in (1, FORMAT_VERSION):
         raise ExplanationNotFoundError("explanation id has an unknown format version")
     try:
         model_id = reader.take(reader.varint()).decode("utf-8")
@@ -128,6 +133,12 @@ def decode_explanation_id(explanation_id: str, secret: bytes) -> ExplanationKey:
         raise ExplanationNotFoundError("no explanation with this id") from None
     digest = reader.take(DIGEST_BYTES).hex()
     source_ids, target_ids = reader.ids(), reader.ids()
+    method = "head"
+    if version >= 2:
+        code = reader.byte()
+        method = next((name for name, value in ALIGNMENT_METHOD_CODES.items() if value == code), None)
+        if method is None:
+            raise ExplanationNotFoundError("explanation id names an unknown alignment method")
     if reader.position != len(payload):
         raise ExplanationNotFoundError("no explanation with this id")
-    return ExplanationKey(model_id, digest, source_ids, target_ids)
+    return ExplanationKey(model_id, digest, source_ids, target_ids, method)

@@ -19,6 +19,7 @@ class TranslateCall:
     attention: str = "none"  # "none" | "summary" | "full": only changes what is returned
     source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
     max_text_chars: int = V1_MAX_TEXT_CHARS  # the asking route's character limit, quoted when a text is too long
+    alignment_method: str = "head"  # or "agreement" (schemas.AlignmentMethod)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ExplainView:
     position: int
     method: str = "attention"  # or an attribution method (schemas.ExplainMethod), whose attributions are added
     steps: int | None = None  # integrated gradients' steps
+    alignment_method: str | None = None  # schemas.AlignmentMethod; None: the id's method, else "agreement"
 
 
 @dataclass

@@ -42,6 +42,8 @@ def hypothesis_json(
         "word_alignment": [list(pair) for pair in translation.word_alignment],
         "source_words": translation.source_words,
         "target_words": translation.target_words,
+        "alignment_method": translation.alignment_method,
+        "alignment_note": translation.alignment_note,
         "explanation_id": explanation_id,
     }
     if attention != "none" and translation.cross_attention is not None:
@@ -73,6 +75,8 @@ def explanation_json(explained: Explanation, model_id: str, explanation_id: str)
         "word_alignment": [list(pair) for pair in explained.word_alignment],
         "source_words": explained.source_words,
         "target_words": explained.target_words,
+        "alignment_method": explained.alignment_method,
+        "alignment_note": explained.alignment_note,
         "cross_attention": explained.cross_attention.tolist(),
     }
     if explained.encoder_self_attention is not None:

@@ -9,7 +9,13 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from model import ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS, ATTRIBUTION_METHODS, DecodingOptions
+from model import (
+    ALIGNMENT_METHODS,
+    ATTRIBUTION_DEFAULT_STEPS,
+    ATTRIBUTION_MAX_STEPS,
+    ATTRIBUTION_METHODS,
+    DecodingOptions,
+)
 from service.explanations import MAX_ID_CHARS
 
 # /v1's limits (the compatibility routes have their own: service/compat/translation.py).
@@ -26,6 +32,15 @@ ExplainMethod = Literal[
 ]
 assert get_args(ExplainMethod)[1:] == ATTRIBUTION_METHODS, "the API's methods are the engine's"
 DEFAULT_STEPS, MAX_ATTRIBUTION_STEPS = ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS
+AlignmentMethod = Literal["agreement", "head"]
+assert get_args(AlignmentMethod) == ALIGNMENT_METHODS, "the API's alignment methods are the engine's"
+ALIGNMENT_METHOD_HELP = (
+    '"agreement": the links the model\'s alignment head and the reverse model\'s (the served model translating '
+    "target_lang→source_lang, forced to write the source back from the translation) agree on: a word may have no "
+    'link or several (in domain AER 23 against the head\'s 24–31, docs/explanations.md). "head": per target token '
+    "the source token the alignment head weighs most. Where no reverse model is served, or it cannot read the pair, "
+    '"agreement" falls back to "head"; `alignment_method` and `alignment_note` in the answer say which was given.'
+)
 Text = Annotated[
     str,
     Field(
@@ -77,6 +92,12 @@ class TranslateRequest(ModelChoice):
         description="true: each translation also carries `token_source_shares` and `source_share`: how much of "
         "each target token came from the source rather than from the target prefix (ALTI+, Ferrando et al. "
         "2022). A low share flags tokens the model made up (a hallucination signal); costs one more pass.",
+    )
+    alignment_method: AlignmentMethod = Field(
+        "head",
+        description=ALIGNMENT_METHOD_HELP + ' Default "head" here: "agreement" costs a forced decode of the reverse '
+        "model per hypothesis and this model's own (15–30 ms a text on a 2-core CPU for the shipped models, 2–3.5× a "
+        "text's decode; docs/rest-api.md). The explanation_id remembers the method given.",
     )
     split_sentences: bool = Field(
         True,
@@ -133,12 +154,17 @@ class HypothesisOut(BaseModel):
     score: float = Field(description="Sum of the token log-probabilities.")
     token_scores: list[float] = Field(description="Log-probability of each target token.")
     alignment: list[AlignmentPair] = Field(
-        description="[source_token_index, target_token_index]: per target token, the source token the alignment "
-        "head weighs most (never the source's </s>)."
+        description="[source_token_index, target_token_index]: with `alignment_method` \"head\", per target token "
+        "the source token the alignment head weighs most; with \"agreement\", every pair of tokens whose words the "
+        "two models agree on (none, one or several per token). Never the source's </s>."
     )
     word_alignment: list[AlignmentPair] = Field(description="[source_word_index, target_word_index] pairs.")
     source_words: list[str]
     target_words: list[str]
+    alignment_method: AlignmentMethod = Field("head", description="Which alignment `alignment` is.")
+    alignment_note: str | None = Field(
+        None, description='Why "agreement" was asked for and "head" given (no reverse model served, pair too long).'
+    )
     explanation_id: str | None = Field(
         description="Fetch the full explanation at GET /v1/explanations/{explanation_id}; null for a blank text "
         '(translated to "" without running the model) and for a text split into sentences (see `sentences`).'
@@ -197,6 +223,12 @@ class ExplanationResponse(BaseModel):
     word_alignment: list[AlignmentPair] = Field(description="The same word alignment the translation carried.")
     source_words: list[str]
     target_words: list[str]
+    alignment_method: AlignmentMethod = Field(
+        description="Which alignment `alignment` is: an explanation id gives the method its translation was given."
+    )
+    alignment_note: str | None = Field(
+        None, description='Why "agreement" was asked for and "head" given (no reverse model served, pair too long).'
+    )
     cross_attention: list[list[list[list[float]]]] = Field(description="[layer][head][target_token][source_token]")
 
 
@@ -228,6 +260,11 @@ class ExplainRequest(ModelChoice):
     )
     beam_size: int = Field(
         DEFAULT_BEAM_SIZE, ge=1, le=MAX_BEAM_SIZE, description="Beam size for the model's own translation."
+    )
+    alignment_method: AlignmentMethod | None = Field(
+        None,
+        description=ALIGNMENT_METHOD_HELP + ' Default: the method an explanation_id was made with, else "agreement" '
+        "(the better one measured).",
     )
     method: ExplainMethod = Field(
         "attention",
@@ -352,6 +389,10 @@ class ModelInfo(BaseModel):
     alignment_shift: bool = Field(
         description="true: target token t's alignment is read from the alignment head's row at the step where t is "
         "the decoder's input (one row later than the step that predicted it); false: from the row that predicted t."
+    )
+    alignment_methods: list[AlignmentMethod] = Field(
+        description='The alignments this model can give: ["agreement", "head"] where the model translating the other '
+        'way is served too, else ["head"].'
     )
     alignment_source: str = Field(
         description="Why alignments are read from that head and step: `declared` (config.json's alignment_layer and "

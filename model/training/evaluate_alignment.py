@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from model.agreement import piece_offsets
 from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.tokenizer import MarianTokenizer
 from model.training.data import collate
@@ -58,6 +59,23 @@ def gold_items(directory: str | Path, source_language: str) -> list[AlignmentIte
                 AlignmentItem(
                     en_text, zh_text, en_spans, zh_spans, GoldLinks(transpose(links.sure), transpose(links.possible))
                 )
+            )
+    return items
+
+
+def in_domain_items(path: str | Path, source_language: str) -> list[AlignmentItem]:
+    """The in-domain development set (../shared/data/alignment-tatoeba-zh-en/dev.json: word spans, sure and
+    possible links as [zh word, en word]) in the direction of a model."""
+    items = []
+    for record in json.loads(Path(path).read_text(encoding="utf-8")):
+        sure = {tuple(link) for link in record["sure"]}
+        possible = sure | {tuple(link) for link in record["possible"]}
+        en, zh = [tuple(s) for s in record["en_spans"]], [tuple(s) for s in record["zh_spans"]]
+        if is_chinese(source_language):
+            items.append(AlignmentItem(record["zh"], record["en"], zh, en, GoldLinks(sure, possible)))
+        else:
+            items.append(
+                AlignmentItem(record["en"], record["zh"], en, zh, GoldLinks(transpose(sure), transpose(possible)))
             )
     return items
 
@@ -230,6 +248,20 @@ def alignment_report(
                 }
         report["heads"] = heads
     return report
+
+
+def served_alignment_score(translator, items: list[AlignmentItem], reverse=None) -> AlignmentScore:
+    """AER of the alignment `Translator.explain` serves for each item's pair (agreed with `reverse`, a model
+    translating the other way, or without it the head's one-best), its token links mapped onto the items' words."""
+    predicted = []
+    for item in items:
+        source_ids = translator.tokenizer.encode_source(item.source)
+        target_ids = translator.tokenizer.encode_target(item.target)
+        explained = translator.explain(source_ids, target_ids, reverse=reverse)
+        source_map = pieces_to_words(piece_offsets(item.source, explained.source_tokens), item.source_words)
+        target_map = pieces_to_words(piece_offsets(item.target, explained.target_tokens), item.target_words)
+        predicted.append(words_from_pieces(explained.alignment, source_map, target_map))
+    return alignment_error_rate(predicted, [item.reference for item in items])
 
 
 def main(argv: list[str] | None = None) -> None:

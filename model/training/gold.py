@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from model.agreement import overlapping_words as pieces_to_words  # noqa: F401 - the piece→word map the service uses too
 from model.alignment import Link
 
 # ---- pieces ↔ words -------------------------------------------------------------------------
@@ -49,14 +50,6 @@ def piece_spans(processor, text: str) -> list[tuple[int, int]]:
             start += 1
         spans.append((start, end))
     return spans
-
-
-def pieces_to_words(pieces: Sequence[tuple[int, int]], words: Sequence[tuple[int, int]]) -> list[list[int]]:
-    """For each piece span, the indices of the words whose characters it covers (overlap)."""
-    result = []
-    for start, end in pieces:
-        result.append([w for w, (ws, we) in enumerate(words) if start < we and ws < end] if start < end else [])
-    return result
 
 
 def words_from_pieces(piece_links: Iterable[Link], source_map: list[list[int]], target_map: list[list[int]]) -> set:

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", required=True, help="TSV of training pairs")
     parser.add_argument("--dev", help="TSV of dev pairs (aligned too, written to dev.jsonl)")
     parser.add_argument("--gold", help="directory of the gold set (zh.txt, en.txt, gold.align)")
+    parser.add_argument("--in-domain", help="the in-domain gold links' dev.json (alignment-tatoeba-zh-en), scored too")
     parser.add_argument("--english-column", type=int, default=0)
     parser.add_argument("--chinese-column", type=int, default=1)
     parser.add_argument("--output", required=True, help="directory for train.jsonl, dev.jsonl and summary.json")
@@ -103,6 +104,15 @@ def main(argv: list[str] | None = None) -> None:
             zh_text, zh_spans, en_text, en_spans = gold_texts(zh_line, en_line)
             rows.append((en_text, en_spans, zh_text, zh_spans))
         parts["gold"] = rows
+    in_domain_links = []
+    if args.in_domain:
+        records = json.loads(Path(args.in_domain).read_text(encoding="utf-8"))
+        parts["in_domain"] = [
+            (r["en"], [tuple(x) for x in r["en_spans"]], r["zh"], [tuple(x) for x in r["zh_spans"]]) for r in records
+        ]
+        in_domain_links = [
+            GoldLinks({tuple(x) for x in r["sure"]}, {tuple(x) for x in r["sure"] + r["possible"]}) for r in records
+        ]
     order = [(part, i) for part, rows in parts.items() for i in range(len(rows))]
     english = [[row[0][s:e] for s, e in row[1]] for part, rows in parts.items() for row in rows]
     chinese = [[row[2][s:e] for s, e in row[3]] for part, rows in parts.items() for row in rows]
@@ -132,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     if gold_links:
         predicted = [{(z, e) for e, z in pair_links} for pair_links in by_part["gold"]]
         summary["gold"] = alignment_error_rate(predicted, gold_links).as_dict()
+    if in_domain_links:
+        predicted = [{(z, e) for e, z in pair_links} for pair_links in by_part["in_domain"]]
+        summary["in_domain"] = alignment_error_rate(predicted, in_domain_links).as_dict()
     (output / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(json.dumps(summary, indent=1))
 

@@ -146,6 +146,7 @@ class _Job:
     pieces: list[Piece]
     translations: list[list[str]] = field(default_factory=list)  # per piece: best first, then alternatives
     best: list[dict | None] = field(default_factory=list)  # per piece: the best translation object (alignments)
+    alignment_method: str = "head"  # "agreement" for a block whose inline tags go by the alignment
 
     def joined(self, rank: int, target: str) -> str:
         """The unit's translation from each sentence's `rank`-th hypothesis (or its last one)."""
@@ -255,6 +256,8 @@ async def translate_texts(
         entry = _HtmlText(markup)
         for index, block in enumerate(markup.blocks):
             block_job = job(block.text, language, detection) if block.elements and block.flat else None
+            if block_job is not None:  # its tags are placed by the alignment: the better one, where served
+                block_job.alignment_method = "agreement"
             elements = _sentence_elements(block, block_job.pieces) if block_job is not None else None
             if block_job is not None and elements is not None:
                 entry.block_jobs[index] = (block_job, elements)
@@ -289,20 +292,24 @@ async def translate_texts(
 
 
 async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best: int) -> None:
-    """All sentences for one model leave as one TranslateCall; the models' calls run concurrently."""
+    """All sentences for one model leave as one TranslateCall (two: those of blocks whose tags go by the agreed
+    alignment, and the rest); the calls run concurrently."""
     # /v1/translate's default beam, so that a sentence gets the same translation on both APIs
     options = DecodingOptions(beam_size=max(DEFAULT_BEAM_SIZE, n_best), n_best=n_best)
-    by_model: dict[str, list[tuple[_Job, int]]] = {}
+    by_model: dict[tuple[str, str], list[tuple[_Job, int]]] = {}
     for job in jobs:
         job.translations = [[""] for _ in job.pieces]
         job.best = [None for _ in job.pieces]
         for index, piece in enumerate(job.pieces):
             if piece.sentence:
-                by_model.setdefault(job.model, []).append((job, index))
+                by_model.setdefault((job.model, job.alignment_method), []).append((job, index))
 
-    async def run(model: str, places: list[tuple[_Job, int]]) -> None:
+    async def run(model_and_method: tuple[str, str], places: list[tuple[_Job, int]]) -> None:
+        model, method = model_and_method
         sentences = [job.pieces[index].sentence for job, index in places]
-        call = TranslateCall(texts=sentences, options=options, max_text_chars=COMPAT_MAX_TEXT_CHARS)
+        call = TranslateCall(
+            texts=sentences, options=options, max_text_chars=COMPAT_MAX_TEXT_CHARS, alignment_method=method
+        )
         outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):
             job.translations[index] = [outcome["text"]] + [other["text"] for other in outcome.get("alternatives") or []]

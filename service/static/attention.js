@@ -263,7 +263,10 @@ export function describeAlignmentHead() {
   // Why that head, as /v1/models says (alignment_source): declared, Marian's guided-alignment head, or the fallback.
   const why = { declared: "alignment_declared", "marian guided alignment (model card)": "alignment_marian_card", "marian default": "alignment_marian_default", fallback: "alignment_fallback" }[reason];
   const step = shift ? t("alignment_shifted") : t("alignment_predicting");
-  note.textContent = [where, why ? t(why) : "", step].filter(Boolean).join(" ");
+  // Which alignment the lines are (alignment_method): both models' agreement, or this head's one-best.
+  const method = e.alignment_method === "agreement" ? t("alignment_agreement") : t("alignment_head_only");
+  const fallback = e.alignment_note ? t("alignment_fallback_note", { note: e.alignment_note }) : "";
+  note.textContent = [where, why ? t(why) : "", step, method, fallback].filter(Boolean).join(" ");
 }
 
 /** After a language switch: the words of the panel that are not in index.html. */

@@ -53,7 +53,9 @@ export async function onTranslate(event) {
   try {
     setStatus("translating");
     // One decode to explain: the viewer sends the text whole (/v1 would otherwise split it into sentences).
-    const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none", split_sentences: false };
+    // The better alignment for the lines (both models' agreement, where the reverse model is served); the
+    // explanation id remembers it, so the fetched explanation and a permalink draw the same lines.
+    const request = { texts: [text], beam_size: beamSize, n_best: nBest, attention: "none", split_sentences: false, alignment_method: "agreement" };
     const model = $("#model-select").value;
     if (model) request.model = model;
     const translation = await translateText(request, pending);

@@ -83,6 +83,12 @@ def _joined(pieces: list[Piece], sentences: list[dict], target_language: str) ->
         shares = [share for sentence in sentences for share in sentence["token_source_shares"]]
         result["token_source_shares"] = shares
         result["source_share"] = sum(shares) / len(shares) if shares else None
+    methods = {sentence.get("alignment_method", "head") for sentence in sentences}
+    result["alignment_method"] = "agreement" if methods == {"agreement"} else "head"
+    notes = [sentence["alignment_note"] for sentence in sentences if sentence.get("alignment_note")]
+    result["alignment_note"] = notes[0] if notes else None
+    if methods == {"agreement", "head"}:
+        result["alignment_note"] = "some sentences' alignment is the head's one-best (see `sentences`)"
     result["sentences"] = sentences
     return result
 

@@ -64,3 +64,22 @@ def test_a_malformed_id_is_a_client_error(bad):
 def test_random_well_formed_text_is_not_found(garbage):
     with pytest.raises(ExplanationNotFoundError):
         decode_explanation_id(garbage, SECRET)
+
+
+def test_the_alignment_method_round_trips():
+    key = ExplanationKey("en-zh", "0123456789abcdef", (12, 300, 5, 0), (7, 70000, 0), "agreement")
+    assert decode_explanation_id(encode_explanation_id(key, SECRET), SECRET) == key
+    assert encode_explanation_id(key, SECRET) != encode_explanation_id(KEY, SECRET)
+
+
+def test_an_id_made_before_alignment_methods_names_the_heads_one_best():
+    # format 1, written out by hand: version, model id, digest, source ids, target ids (one-byte varints), HMAC tag
+    import base64
+    import hashlib
+    import hmac
+
+    payload = bytes([1, 5, *b"en-zh", *bytes.fromhex("0123456789abcdef"), 2, 12, 0, 2, 7, 0])
+    tag = hmac.new(SECRET, payload, hashlib.sha256).digest()[:12]
+    old_id = base64.urlsafe_b64encode(payload + tag).rstrip(b"=").decode("ascii")
+    key = decode_explanation_id(old_id, SECRET)
+    assert (key.model_id, key.source_ids, key.target_ids, key.alignment_method) == ("en-zh", (12, 0), (7, 0), "head")

@@ -269,7 +269,8 @@ def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, con
         assert model["alignment_shift"] is True and model["alignment_head"] is not None
         context, page, errors = open_page(browser, continuous_service_url)
         try:
-            explanation = api.get(f"/v1/explanations/{translate(page, model)}").json()
+            explanation_id = translate(page, model)
+            explanation = api.get(f"/v1/explanations/{explanation_id}").json()
             assert explanation["alignment_shift"] is True
             layer, head = explanation["alignment_layer"], explanation["alignment_head"]
             raw = explanation["cross_attention"][layer][head]
@@ -283,12 +284,16 @@ def test_a_shift_model_opens_on_the_rows_its_alignment_is_read_from(browser, con
             cells = shown_cells(page)
             for (t, s), value in cells.items():
                 assert value == pytest.approx(raw[min(t + 1, target_count - 1)][s], abs=Tolerance.ATTENTION), (t, s)
-            # The brightest cell of each row (never the source </s>) is the token the server aligned it with.
-            aligned = {t: s for s, t in explanation["alignment"]}
+            # The brightest cell of each row (never the source </s>) is the token the head's one-best aligns it with.
+            head_only = {"explanation_id": explanation_id, "alignment_method": "head"}
+            aligned = {t: s for s, t in api.post("/v1/explain", json=head_only).json()["alignment"]}
             for t in range(target_count):
                 row = [cells[t, s] for s in range(source_count - 1)]
                 assert row.index(max(row)) == aligned[t], t
-            # The lines stay the server's alignment.
+            # The lines stay the server's alignment: the viewer asks for the better one, both models' agreement (the
+            # service holds the tiny zh-en too), and says so.
+            assert explanation["alignment_method"] == "agreement"
+            assert "agree" in page.inner_text("#alignment-head-note")
             lines = set(numbers(page, "#align-lines line.aligned", "s", "t"))
             assert lines == {tuple(pair) for pair in explanation["alignment"]}
 
@@ -512,6 +517,7 @@ def test_the_source_share_bar_marks_tokens_made_mostly_from_the_target_prefix(pa
         "n_best": 2,
         "source_share": True,
         "split_sentences": False,
+        "alignment_method": "agreement",  # as the viewer asks
     }
     translated = api.post("/v1/translate", json=body).json()["translations"][0]
     assert translated["explanation_id"] == explanation_id
@@ -633,8 +639,11 @@ def test_long_sentence_renders_in_both_color_schemes_and_interface_languages(
 
 
 def greedy_translation(api: httpx.Client, model: dict, text: str) -> dict:
-    """What /v1/translate answers for `text` with beam size 1, as the viewer asks for it."""
-    body = {"texts": [text], "model": model["id"], "beam_size": 1, "split_sentences": False}
+    """What /v1/translate answers for `text` with beam size 1, as the viewer asks for it (the agreed alignment)."""
+    body = {
+        "texts": [text], "model": model["id"], "beam_size": 1, "split_sentences": False,
+        "alignment_method": "agreement",
+    }  # fmt: skip
     response = api.post("/v1/translate", json=body)
     assert response.status_code == 200, response.text
     return response.json()["translations"][0]

@@ -83,8 +83,11 @@ def nfkc(text: str) -> str:
 )
 def test_the_tag_wraps_the_target_tokens_v1_aligns_to_its_words(client, before, wrapped, after):
     sentence = before + wrapped + after
-    response = client.post("/v1/translate", json={"texts": [sentence], "source_lang": "en", "target_lang": "zh"})
+    # the tags go by the better alignment, both models' agreement (the test service serves zh→en too)
+    request = {"texts": [sentence], "source_lang": "en", "target_lang": "zh", "alignment_method": "agreement"}
+    response = client.post("/v1/translate", json=request)
     oracle = response.json()["translations"][0]
+    assert oracle["alignment_method"] == "agreement"
     output = translate_html(client, f"<p>{before}<b>{wrapped}</b>{after}</p>")
     assert output.startswith("<p>") and output.endswith("</p>")
     inner_html = output[len("<p>") : -len("</p>")]
