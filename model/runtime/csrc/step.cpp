@@ -47,12 +47,10 @@ Tensor onednn_reorder(const Tensor& weight) {
 }
 
 // oneDNN builds and keeps one primitive per input shape it meets (up to 1,024 of them, most of a replica's memory
-// growth under mixed traffic: an encoder's row count is its batch's token count). Rows are padded up to a bucket
-// (4; multiples of 8 to 64; of 32 above) so that a service meets a few dozen row counts instead of hundreds.
-int64_t onednn_rows(int64_t rows) {
-  if (rows <= 4) return 4;
-  return rows <= 64 ? (rows + 7) / 8 * 8 : (rows + 31) / 32 * 32;
-}
+// growth under mixed traffic: an encoder's row count is its batch's token count). Above 64 rows they are padded up
+// to a multiple of 32, so that a service meets a few dozen row counts instead of hundreds; a decoding step's rows
+// (at most 64 at 16 texts' beams) and a text alone's encoder are left as they are.
+int64_t onednn_rows(int64_t rows) { return rows <= 64 ? rows : (rows + 31) / 32 * 32; }
 
 Tensor onednn_linear(const Tensor& x, const Tensor& packed, const Tensor& bias) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
