@@ -163,17 +163,21 @@ Tensor activate(const Tensor& x, int64_t activation) {
 
 // out = e^y for y in [-87, 88], Cephes' expf in vector lanes: 2^n e^r with n = round(y / ln 2) (the 1.5·2^23
 // rounding trick), |r| ≤ ln 2 / 2 and e^r a degree-7 polynomial, within 2 ulp. A macro: GCC does not inline a
-// function into a target clone, and a call in an `omp simd` loop would keep it scalar.
+// function into a target clone, and a call in an `omp simd` loop would keep it scalar. Its constants are shared
+// with exp_lanes, the same polynomial in AVX-512 intrinsics.
+constexpr float kLog2E = 1.44269504088896341f, kRound = 12582912.0f, kLn2High = 0.693359375f, kLn2Low = 2.12194440e-4f;
+constexpr float kExp[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                           4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 #define EXP_IN_LANES(y, out)                                                              \
   do {                                                                                    \
-    const float k_ = ((y) * 1.44269504088896341f + 12582912.0f) - 12582912.0f;            \
-    const float r_ = (y) - k_ * 0.693359375f + k_ * 2.12194440e-4f;                       \
-    float p_ = 1.9875691500e-4f;                                                          \
-    p_ = p_ * r_ + 1.3981999507e-3f;                                                      \
-    p_ = p_ * r_ + 8.3334519073e-3f;                                                      \
-    p_ = p_ * r_ + 4.1665795894e-2f;                                                      \
-    p_ = p_ * r_ + 1.6666665459e-1f;                                                      \
-    p_ = p_ * r_ + 5.0000001201e-1f;                                                      \
+    const float k_ = ((y) * kLog2E + kRound) - kRound;                                    \
+    const float r_ = (y) - k_ * kLn2High + k_ * kLn2Low;                                  \
+    float p_ = kExp[0];                                                                   \
+    p_ = p_ * r_ + kExp[1];                                                               \
+    p_ = p_ * r_ + kExp[2];                                                               \
+    p_ = p_ * r_ + kExp[3];                                                               \
+    p_ = p_ * r_ + kExp[4];                                                               \
+    p_ = p_ * r_ + kExp[5];                                                               \
     p_ = p_ * r_ * r_ + r_ + 1.0f;                                                        \
     (out) = p_ * __builtin_bit_cast(float, (static_cast<int32_t>(k_) + 127) << 23);       \
   } while (0)
@@ -264,16 +268,11 @@ VnniWeight vnni_weight(const Tensor& integers, const Tensor& scales) {
 #if HAVE_VNNI_KERNEL
 // e^y in 16 lanes for y in [-87, 88]: EXP_IN_LANES' Cephes polynomial, written in intrinsics.
 VNNI_TARGET inline __m512 exp_lanes(__m512 y) {
-  const __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f)),
-                                 _mm512_set1_ps(12582912.0f));
-  const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f),
-                                   _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), y));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 k = _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(kLog2E), _mm512_set1_ps(kRound)),
+                                 _mm512_set1_ps(kRound));
+  const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(kLn2Low), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2High), y));
+  __m512 p = _mm512_set1_ps(kExp[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExp[i]));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   const __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(two_n));
@@ -895,46 +894,40 @@ class Runtime {
     Tensor additive = at::zeros({batch, 1, 1, length}, encoder_embed_.options())
                           .masked_fill_(mask.logical_not().view({batch, 1, 1, length}),
                                         std::numeric_limits<float>::lowest());
-    if (!plain_cpu(encoder_embed_)) {
-      Tensor x = at::embedding(encoder_embed_, ids.reshape({-1})).mul_(embed_scale_).view({batch, length, d});
-      x = (x + positions_.narrow(0, 0, length)).view({batch * length, d});
-      for (const EncoderLayer& layer : encoder_) {
-        Tensor qkv = layer.qkv(x).view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
-        Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
-        Tensor context = at::matmul(scores.add_(additive).softmax(-1), qkv[2]);  // (B, h, S, d_k)
-        context = context.transpose(1, 2).reshape({batch * length, d});
-        x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
-        x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
-      }
-      return x.view({batch, length, d});
-    }
     // On the CPU only the real tokens' rows are computed (a batch of sixteen dev sentences is 40 % padding), and
     // every query attends through attend_cpu (the decoder's loops) over its text's keys and values, which each
     // layer writes into a padded (B·S, 2d) block whose padding stays zero (the mask gives it weight 0). Padding
-    // positions' hidden states come back as zeros: nothing reads them (cross-attention masks them too).
+    // positions' hidden states come back as zeros: nothing reads them (cross-attention masks them too). Elsewhere
+    // ATen's matmuls and softmax over the padded batch.
+    const bool cpu = plain_cpu(encoder_embed_);
     const Tensor flat = mask.reshape({-1});
-    const int64_t real_count = flat.sum().item<int64_t>();
-    const bool padded = real_count < batch * length;
+    const bool padded = cpu && flat.sum().item<int64_t>() < batch * length;
     const Tensor real = padded ? flat.nonzero().squeeze(1) : Tensor();  // (N,) positions in B·S order
-    const auto longs = ids.options().dtype(at::kLong);
     Tensor x, text_of;
     if (padded) {
-      Tensor columns = real.remainder(length);
       x = at::embedding(encoder_embed_, ids.reshape({-1}).index_select(0, real)).mul_(embed_scale_);
-      x.add_(positions_.index_select(0, columns));
+      x.add_(positions_.index_select(0, real.remainder(length)));
       text_of = real.div(length, "floor");
     } else {
       x = at::embedding(encoder_embed_, ids.reshape({-1})).mul_(embed_scale_).view({batch, length, d});
       x = (x + positions_.narrow(0, 0, length)).view({batch * length, d});
-      text_of = at::arange(batch, longs).repeat_interleave(length);
+      if (cpu) text_of = at::arange(batch, ids.options().dtype(at::kLong)).repeat_interleave(length);
     }
     Tensor key_values = padded ? at::zeros({batch * length, 2 * d}, x.options()) : Tensor();
     for (const EncoderLayer& layer : encoder_) {
       Tensor qkv = layer.qkv(x);  // (N, 3d)
-      Tensor parts = padded ? key_values.index_copy_(0, real, qkv.narrow(1, d, 2 * d)).view({batch, length, 2, heads_, d_k})
-                            : qkv.view({batch, length, 3, heads_, d_k}).narrow(2, 1, 2);
-      Tensor context = attend(qkv.narrow(1, 0, d), parts.select(2, 0).permute({0, 2, 1, 3}),
-                              parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of, lanes_).first;
+      Tensor context;
+      if (cpu) {
+        Tensor parts = padded ? key_values.index_copy_(0, real, qkv.narrow(1, d, 2 * d)).view({batch, length, 2, heads_, d_k})
+                              : qkv.view({batch, length, 3, heads_, d_k}).narrow(2, 1, 2);
+        context = attend(qkv.narrow(1, 0, d), parts.select(2, 0).permute({0, 2, 1, 3}),
+                         parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of, lanes_).first;
+      } else {
+        Tensor heads = qkv.view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
+        Tensor scores = at::matmul(heads[0], heads[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
+        context = at::matmul(scores.add_(additive).softmax(-1), heads[2]);  // (B, h, S, d_k)
+        context = context.transpose(1, 2).reshape({batch * length, d});
+      }
       x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
       x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
     }
@@ -1391,9 +1384,9 @@ class Runtime {
     const bool fused = fused_candidates() && plain_cpu(cross_key[0]);
     const auto host_longs = at::TensorOptions().dtype(at::kLong), host_floats = at::TensorOptions().dtype(at::kFloat);
     std::vector<std::pair<float, int64_t>> order(wide), merged(3 * k);
-    std::vector<float> top_scores(2 * k), next_scores(k), candidate(2 * k), kept_scores(k);
+    std::vector<float> top_scores(2 * k), candidate(2 * k), kept_scores(k);
     std::vector<char> hits(2 * k), taking(2 * k), kept_done(k);
-    std::vector<int64_t> pick(2 * k), kept_ref(k);
+    std::vector<int64_t> kept_ref(k);
     const auto before = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
       // at::topk's order: larger first (NaN largest), of equal values the lower index first
       const bool x_nan = std::isnan(x.first), y_nan = std::isnan(y.first);
@@ -1447,14 +1440,13 @@ class Runtime {
         const bool ending = budgets[active[a]] <= step + 1;
         for (int64_t j = 0; j < 2 * k; ++j) {
           top_scores[j] = order[j].first;
-          pick[j] = order[j].second;
-          const int64_t beam = pick[j] / (2 * k), at_flat = base + beam * row_stride + pick[j] % (2 * k);
+          const int64_t beam = order[j].second / (2 * k), at_flat = base + beam * row_stride + order[j].second % (2 * k);
           rows_out[a * 2 * k + j] = a * k + beam;
           tokens_out[a * 2 * k + j] = tk[at_flat];
           logprobs_out[a * 2 * k + j] = lp[at_flat];
           hits[j] = tk[at_flat] == eos || ending;
         }
-        // the k best that do not end here continue
+        // the k best that do not end here continue: order[0 … k-1] from here on (their scores and candidates)
         for (int64_t j = 0; j < 2 * k; ++j) order[j] = {top_scores[j] + (hits[j] ? neg : -0.0f), j};
         std::partial_sort(order.begin(), order.begin() + k, order.begin() + 2 * k, before);
         bool all_done = true;
@@ -1484,15 +1476,14 @@ class Runtime {
           every_done = every_done && kept_done[j];
         }
         for (int64_t j = 0; j < 2 * k; ++j) every_hit = every_hit && hits[j];
-        for (int64_t j = 0; j < k; ++j) next_scores[j] = order[j].first;
-        const float best_possible = next_scores[0] / divisor;
+        const float best_possible = order[0].first / divisor;
         for (int64_t j = 0; j < k; ++j) can_improve = can_improve || best_possible > (kept_done[j] ? worst : neg);
         improvable[a] = improvable[a] && can_improve;
         done[a] = !improvable[a] || every_done || every_hit || frozen[a];
         frozen[a] = done[a];
         for (int64_t j = 0; j < k; ++j) {
           const int64_t c = order[j].second;
-          run[j] = next_scores[j];
+          run[j] = order[j].first;
           new_rows[a * k + j] = rows_out[a * 2 * k + c];
           new_tokens[a * k + j] = tokens_out[a * 2 * k + c];
           new_logprobs[a * k + j] = logprobs_out[a * 2 * k + c];
