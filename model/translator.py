@@ -517,11 +517,18 @@ class Translator:
         limit = self.config.max_position_embeddings
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
-        decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False, token_scores=False)
+        return self._forced_rows(source_ids, target_ids)
+
+    def _forced_rows(self, source_ids: list[int], target_ids: list[int], matrix: Tensor | None = None) -> AlignmentRows:
+        """The alignment head's rows over the pair from a forced decode of the exact model (`matrix`: its rows
+        already made, unread), read as the model declares, with the pieces they belong to."""
+        if matrix is None:
+            decoded = forced_decode(
+                self.exact_model, list(source_ids), list(target_ids), encoder_attention=False, token_scores=False
+            )
+            matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         return AlignmentRows(
-            self._read_rows(alignment_matrix(decoded.cross_attention, *self.alignment_head)),
-            self.tokenizer.source_tokens(source_ids),
-            self.tokenizer.target_tokens(target_ids),
+            self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
         )
 
     def _read_rows(self, matrix: Tensor) -> Tensor:
@@ -551,15 +558,7 @@ class Translator:
             backward = reverse.alignment_rows(translation, source_text)
         except InputTooLongError:
             return head_pairs, head_words, "head", f"the pair is too long for the reverse model {reverse.name}"
-        if matrix is None:
-            decoded = forced_decode(
-                self.exact_model, list(source_ids), list(target_ids), encoder_attention=False, token_scores=False
-            )
-            matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
-        forward = AlignmentRows(
-            self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
-        )
-        agreed = agreed_alignment(forward, backward, source_text, translation)
+        agreed = agreed_alignment(self._forced_rows(source_ids, target_ids, matrix), backward, source_text, translation)
         return agreed.token_links, agreed.word_links, "agreement", None
 
     def explain(
