@@ -322,18 +322,37 @@ VNNI_TARGET void quantize_rows_vnni(const float* x, int64_t rows, int64_t in, in
   }
 }
 
-// R rows × NB blocks of 16 columns: Σ over the input in registers, then scale, bias, SiLU and a masked store.
+// What every tile of one vnni_matmul call reads and writes.
+struct TileCall {
+  const uint8_t* a;     // the quantized rows (rows, groups · 4)
+  const float* steps;   // per row
+  const int32_t* zeros;  // per row
+  const int8_t* packed;  // VnniWeight::packed
+  const float* scales;
+  const int32_t* sums;
+  const float* bias;  // or null
+  bool silu;
+  float* out;      // (rows, columns)
+  float* maxes;    // (rows, panels) or null
+  int64_t groups, columns, panels;
+};
+
+// R rows from `row` × NB blocks of 16 columns of panel `panel`: Σ over the input in registers, then scale, bias,
+// SiLU and a masked store (and the row's largest value of the panel, where `maxes` is given).
 template <int R, int NB>
-VNNI_TARGET inline void vnni_tile(const uint8_t* a, int64_t a_stride, const int8_t* w, int64_t groups,
-                                  const float* steps, const int32_t* zeros, const float* scales, const int32_t* sums, const float* bias,
-                                  bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns,
-                                  float* maxes, int64_t maxes_stride) {
+VNNI_TARGET inline void vnni_tile(const TileCall& t, int64_t row, int64_t panel) {
+  const int64_t groups = t.groups, a_stride = groups * 4, column = 64 * panel, columns = t.columns;
+  const int64_t block_bytes = groups * 64;
+  const uint8_t* a = t.a + row * a_stride;
+  const int8_t* w = t.packed + 4 * panel * block_bytes;
+  const float* steps = t.steps + row;
+  const int32_t* zeros = t.zeros + row;
+  float* out = t.out + row * columns;
   __m512i acc[R][NB];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
-  const int64_t block_bytes = groups * 64;
   for (int64_t g = 0; g < groups; ++g) {
     __m512i weights[NB];
 #pragma GCC unroll 4
@@ -355,40 +374,37 @@ VNNI_TARGET inline void vnni_tile(const uint8_t* a, int64_t a_stride, const int8
     const int64_t c = column + 16 * b;
     const __mmask16 lanes = c + 16 <= columns ? static_cast<__mmask16>(0xFFFF)
                                               : static_cast<__mmask16>((1u << (columns - c)) - 1u);
-    const __m512 scale = _mm512_loadu_ps(scales + c);
-    const __m512i sum = _mm512_loadu_si512(sums + c);
-    const __m512 add = bias ? _mm512_maskz_loadu_ps(lanes, bias + c) : _mm512_setzero_ps();
+    const __m512 scale = _mm512_loadu_ps(t.scales + c);
+    const __m512i sum = _mm512_loadu_si512(t.sums + c);
+    const __m512 add = t.bias ? _mm512_maskz_loadu_ps(lanes, t.bias + c) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512i real = _mm512_sub_epi32(acc[r][b], _mm512_mullo_epi32(sum, _mm512_set1_epi32(zeros[r])));
       const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(real),
                                        _mm512_mul_ps(scale, _mm512_set1_ps(steps[r])), add);
       __m512 result = y;
-      if (silu) {  // y / (1 + e^-y), e^-y's argument held to [-87, 88]
+      if (t.silu) {  // y / (1 + e^-y), e^-y's argument held to [-87, 88]
         const __m512 e = exp_lanes(_mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), y),
                                                                _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)));
         result = _mm512_div_ps(y, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
       }
-      _mm512_mask_storeu_ps(out + r * out_stride + c, lanes, result);
+      _mm512_mask_storeu_ps(out + r * columns + c, lanes, result);
       top[r] = _mm512_mask_max_ps(top[r], lanes, top[r], result);
     }
   }
-  if (maxes) {  // each row's largest value of these 64 columns: the block maxima the candidates start from
+  if (t.maxes) {  // each row's largest value of these 64 columns: the block maxima the candidates start from
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) maxes[r * maxes_stride] = _mm512_reduce_max_ps(top[r]);
+    for (int r = 0; r < R; ++r) t.maxes[(row + r) * t.panels + panel] = _mm512_reduce_max_ps(top[r]);
   }
 }
 
 template <int R>
-VNNI_TARGET void vnni_rows(int64_t nb, const uint8_t* a, int64_t a_stride, const int8_t* w, int64_t groups,
-                           const float* steps, const int32_t* zeros, const float* scales, const int32_t* sums, const float* bias,
-                           bool silu, float* out, int64_t out_stride, int64_t column, int64_t columns,
-                           float* maxes, int64_t maxes_stride) {
-  switch (nb) {
-    case 4: return vnni_tile<R, 4>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
-    case 3: return vnni_tile<R, 3>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
-    case 2: return vnni_tile<R, 2>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
-    default: return vnni_tile<R, 1>(a, a_stride, w, groups, steps, zeros, scales, sums, bias, silu, out, out_stride, column, columns, maxes, maxes_stride);
+VNNI_TARGET void vnni_rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks) {
+  switch (blocks) {
+    case 4: return vnni_tile<R, 4>(t, row, panel);
+    case 3: return vnni_tile<R, 3>(t, row, panel);
+    case 2: return vnni_tile<R, 2>(t, row, panel);
+    default: return vnni_tile<R, 1>(t, row, panel);
   }
 }
 
@@ -396,25 +412,17 @@ VNNI_TARGET void vnni_rows(int64_t nb, const uint8_t* a, int64_t a_stride, const
 // inputs) kept in L1 while every 4-row tile passes over them.
 VNNI_TARGET void vnni_matmul(const uint8_t* a, const float* steps, const int32_t* zeros, int64_t rows,
                              const VnniWeight& w, const float* bias, bool silu, float* out, float* maxes) {
-  const int64_t a_stride = w.groups * 4, panels = (w.blocks + 3) / 4;
-  const int8_t* packed = w.packed.data_ptr<int8_t>();
-  const float* scales = w.scales.data_ptr<float>();
-  const int32_t* sums = w.sums.data_ptr<int32_t>();
-  at::parallel_for(0, panels, 8, [&](int64_t begin, int64_t end) {
+  const TileCall t{a, steps, zeros, w.packed.data_ptr<int8_t>(), w.scales.data_ptr<float>(), w.sums.data_ptr<int32_t>(),
+                   bias, silu, out, maxes, w.groups, w.out, (w.blocks + 3) / 4};
+  at::parallel_for(0, t.panels, 8, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t nb = std::min<int64_t>(4, w.blocks - 4 * p), column = 64 * p;
-      const int8_t* panel = packed + 4 * p * w.groups * 64;
+      const int64_t blocks = std::min<int64_t>(4, w.blocks - 4 * p);
       int64_t r = 0;
-      const auto maxes_at = [&](int64_t row) { return maxes ? maxes + row * panels + p : nullptr; };
-      for (; r + 4 <= rows; r += 4)
-        vnni_rows<4>(nb, a + r * a_stride, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu,
-                     out + r * w.out, w.out, column, w.out, maxes_at(r), panels);
-      const uint8_t* rest = a + r * a_stride;
-      float* rest_out = out + r * w.out;
+      for (; r + 4 <= rows; r += 4) vnni_rows<4>(t, r, p, blocks);
       switch (rows - r) {
-        case 3: vnni_rows<3>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
-        case 2: vnni_rows<2>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
-        case 1: vnni_rows<1>(nb, rest, a_stride, panel, w.groups, steps + r, zeros + r, scales, sums, bias, silu, rest_out, w.out, column, w.out, maxes_at(r), panels); break;
+        case 3: vnni_rows<3>(t, r, p, blocks); break;
+        case 2: vnni_rows<2>(t, r, p, blocks); break;
+        case 1: vnni_rows<1>(t, r, p, blocks); break;
         default: break;
       }
     }
