@@ -4,7 +4,9 @@ One table: every alignment on the in-domain gold links (alignment-tatoeba-zh-en,
 set (alignment-zh-en, 150 pairs) and eflomal's links on Tatoeba dev pairs, with precision and recall: eflomal
 itself; what the service gives (`alignment_method` "head" and "agreement", through Translator.explain, its token
 links mapped to each set's words as the sets' READMEs say); and every variant bench.experiments.alignment_variants
-measured on the sets' own words. A second table: the alignment head's entropy, best head and diagonal.
+measured on the sets' own words; and, on the served alignments' footing, the gold sure links and eflomal's links
+passed through each model's pieces (the best any alignment on those pieces can score, and the statistical aligner
+scored as the service is). A second table: the alignment head's entropy, best head and diagonal.
 
     python -m bench.alignment                      # both shipped models; writes bench/results/alignment.json
     python -m bench.alignment --models en-zh=DIR   # another directory under a shipped name
@@ -25,6 +27,7 @@ from model.training.evaluate_alignment import (
     in_domain_items,
     link_items,
     served_alignment_score,
+    through_pieces_score,
 )
 from model.training.statistical_alignment import main as statistical_alignment
 from model.translator import Translator
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                     for part, items in sets.items()
                 },
                 "methods": served_methods(translator, translators.get(REVERSE[name]), language, args, scratch),
+                "through_pieces": through_pieces(translator, language, args, scratch),
             }
     if not args.no_variants:
         from bench.experiments.alignment_variants import measure
@@ -112,6 +116,28 @@ def served_methods(translator, reverse, language: str, args, scratch: str) -> di
     }
 
 
+def through_pieces(translator, language: str, args, scratch: str) -> dict:
+    """The references on the served alignments' footing: the gold sure links (the best any alignment on this
+    model's pieces can score: a piece across two gold words links both) and eflomal's links on the same pairs,
+    each passed through the model's pieces as the served links are."""
+    in_domain = in_domain_items(args.data / "alignment-tatoeba-zh-en" / "dev.json", language)
+    newswire = gold_items(args.data / "alignment-zh-en", language)
+    eflomal = {
+        "in_domain_gold": link_items(Path(scratch) / "in_domain.jsonl", language),
+        "gold": link_items(Path(scratch) / "gold.jsonl", language),
+    }
+    result = {}
+    for part, items in (("in_domain_gold", in_domain), ("gold", newswire)):
+        assert [(i.source, i.target) for i in items] == [(i.source, i.target) for i in eflomal[part]], part
+        result.setdefault("gold sure links", {})[part] = through_pieces_score(
+            translator.tokenizer, items, [set(item.reference.sure) for item in items]
+        ).as_dict()
+        result.setdefault("eflomal", {})[part] = through_pieces_score(
+            translator.tokenizer, items, [set(item.reference.sure) for item in eflomal[part]]
+        ).as_dict()
+    return result
+
+
 def print_quality_table(report: dict) -> None:
     """Every alignment, in-domain gold + newswire gold + eflomal's links, AER / precision / recall."""
     eflomal_pairs = report["eflomal_pairs_scored"]
@@ -133,6 +159,9 @@ def print_quality_table(report: dict) -> None:
             label = f"served {name} `{method}`" + (" (default of /v1/explain)" if method == "agreement" else "")
             print(f"| {label} | pieces → words {cells(scores['in_domain_gold'])}{cells(scores['gold'])}"
                   f"{cells(scores['eflomal_links'])}|")  # fmt: skip
+        for reference, scores in result.get("through_pieces", {}).items():
+            label = f"{reference} through {name}'s pieces" + (" (the ceiling)" if reference.startswith("gold") else "")
+            print(f"| {label} | pieces → words {cells(scores['in_domain_gold'])}{cells(scores['gold'])}{cells(None)}|")
     for name, variant in report.get("variants", {}).get("variants", {}).items():
         threshold = f" (t = {variant['threshold']})" if "threshold" in variant else ""
         print(f"| {name}{threshold} | the sets' words {cells(variant['dev'])}{cells(variant['gold'])}{cells(None)}|")

@@ -264,6 +264,26 @@ def served_alignment_score(translator, items: list[AlignmentItem], reverse=None)
     return alignment_error_rate(predicted, [item.reference for item in items])
 
 
+def through_pieces_score(tokenizer: MarianTokenizer, items: list[AlignmentItem], links: list[set]) -> AlignmentScore:
+    """AER of word `links` (source word, target word) per item once they pass through a model's pieces as served
+    links do: a piece pair is linked when any of their words are, then scored as `served_alignment_score` scores.
+    With the gold sure links: the best any alignment on these pieces can score; with eflomal's: the statistical
+    aligner on the same footing as the served alignments."""
+    predicted = []
+    for item, word_links in zip(items, links, strict=True):
+        source_ids, target_ids = tokenizer.encode_source(item.source), tokenizer.encode_target(item.target)
+        source_map = pieces_to_words(piece_offsets(item.source, tokenizer.source_tokens(source_ids)), item.source_words)
+        target_map = pieces_to_words(piece_offsets(item.target, tokenizer.target_tokens(target_ids)), item.target_words)
+        piece_links = [
+            (s, t)
+            for s, source_words in enumerate(source_map)
+            for t, target_words in enumerate(target_map)
+            if any((a, b) in word_links for a in source_words for b in target_words)
+        ]
+        predicted.append(words_from_pieces(piece_links, source_map, target_map))
+    return alignment_error_rate(predicted, [item.reference for item in items])
+
+
 def main(argv: list[str] | None = None) -> None:
     from model.translator import Translator
 

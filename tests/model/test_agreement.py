@@ -76,20 +76,12 @@ def oracle_links(
     """(source piece, target piece) links of the forward model, and the smallest distance of a product from the
     threshold (a link decided by rounding is no test)."""
 
-    def merged(all_spans):
-        words = []
-        for start, end in sorted(s for s in all_spans if s[0] < s[1]):
-            if words and start < words[-1][1]:
-                words[-1][1] = max(words[-1][1], end)
-            else:
-                words.append([start, end])
-        return words
+    def word_of(span, units):
+        return [w for w, (a, b) in enumerate(units) if span[0] < b and a < span[1]]
 
-    def word_of(span, words):
-        return [w for w, (a, b) in enumerate(words) if span[0] < b and a < span[1]]
-
-    source_words = merged(spans["forward source"] + spans["reverse target"])
-    target_words = merged(spans["forward target"] + spans["reverse source"])
+    # the units agreed on: the forward model's own pieces (those covering characters), in text order
+    source_words = sorted({s for s in spans["forward source"] if s[0] < s[1]})
+    target_words = sorted({s for s in spans["forward target"] if s[0] < s[1]})
 
     def words_matrix(rows, row_spans, row_words, column_spans, column_words):
         matrix = torch.zeros(len(row_words), len(column_words), dtype=torch.float64)
