@@ -22,7 +22,7 @@ from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
-from model.explain import AttentionSteps, attention_steps, forced_decode
+from model.explain import AttentionSteps, attention_steps, forced_alignment_rows, forced_decode
 from model.options import DecodingOptions
 from model.runtime import load_step
 from model.runtime.step import weights_precision
@@ -81,6 +81,8 @@ class Translation:
     alternatives: list[Translation] = field(default_factory=list)
     alignment_method: str = "head"  # "head": one link per target token; "agreement": see model.agreement
     alignment_note: str | None = None  # why "agreement" was asked for and "head" given
+    # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
+    alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
 
 
 def word_links(
@@ -375,11 +377,11 @@ class Translator:
             if not hypotheses:
                 results.append(blank_translation())
                 continue
-            built = [self._build(ids, h, return_attention, reverse) for h in hypotheses]
+            built = [self._build(ids, h, return_attention) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]
             results.append(best)
-        return results
+        return results if reverse is None else self.with_agreements(results, reverse)
 
     # ---- continuous batching ----------------------------------------------------------------
     _loop: DecodeLoop | None = None
@@ -433,12 +435,13 @@ class Translator:
                 result.set_exception(error)
                 return
             try:
-                translations = [self._build(source_ids, h, return_attention, reverse) for h in finished.result()]
+                translations = [self._build(source_ids, h, return_attention) for h in finished.result()]
+                translations[0].alternatives = translations[1:]
+                translation = translations[0] if reverse is None else self.with_agreement(translations[0], reverse)
             except Exception as failure:  # noqa: BLE001 - delivered to the waiting caller
                 result.set_exception(failure)
                 return
-            translations[0].alternatives = translations[1:]
-            result.set_result(translations[0])
+            result.set_result(translation)
 
         decoding.add_done_callback(built)
         return result
@@ -458,9 +461,7 @@ class Translator:
         if self._loop is not None and decoding is not None:
             self._loop.cancel(decoding)
 
-    def _build(
-        self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool, reverse: Translator | None = None
-    ) -> Translation:
+    def _build(self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool) -> Translation:
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
@@ -469,7 +470,6 @@ class Translator:
         else:
             matrix = hypothesis.alignment_attention  # (T, S): the alignment head's rows
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        agreed = self._agreement(source_ids, hypothesis.token_ids, reverse, pairs, words[0])
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -478,31 +478,44 @@ class Translator:
             target_ids=list(hypothesis.token_ids),
             score=hypothesis.score,
             token_logprobs=hypothesis.token_logprobs,
-            alignment=agreed[0],
-            word_alignment=agreed[1],
+            alignment=pairs,
+            word_alignment=words[0],
             source_words=words[1],
             target_words=words[2],
             cross_attention=attention if keep_attention else None,
-            alignment_method=agreed[2],
-            alignment_note=agreed[3],
+            alignment_rows=matrix,
         )
 
     def with_agreement(self, translation: Translation, reverse: Translator) -> Translation:
-        """`translation` (made without `reverse`, and its alternatives) with the alignment agreed with `reverse`,
-        as `translate(..., reverse=reverse)` would have given it: for choosing the alignment after decoding."""
-        if not translation.target_ids:  # a blank text: nothing was decoded, nothing to align
-            return translation
-        pairs, words, method, note = self._agreement(
-            translation.source_ids, translation.target_ids, reverse, translation.alignment, translation.word_alignment
+        """`with_agreements` of one translation."""
+        return self.with_agreements([translation], reverse)[0]
+
+    def with_agreements(self, translations: list[Translation], reverse: Translator) -> list[Translation]:
+        """`translations` (made without `reverse`, and their alternatives) with the alignment agreed with `reverse`,
+        as `translate(..., reverse=reverse)` gives it: for choosing the alignment after decoding. This model's rows
+        are the decode's own (under int8 they differ from an explanation's float32 rows by quantization error, as
+        the inline attention does); the reverse model's forced decodes for all of them share batches."""
+        hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
+        agreed = self._agreements(
+            [(h.source_ids, h.target_ids, h.alignment, h.word_alignment, h.alignment_rows) for h in hypotheses],
+            reverse,
         )
-        return replace(
-            translation,
-            alignment=pairs,
-            word_alignment=words,
-            alignment_method=method,
-            alignment_note=note,
-            alternatives=[self.with_agreement(alternative, reverse) for alternative in translation.alternatives],
-        )
+        by_hypothesis = {id(h): links for h, links in zip(hypotheses, agreed, strict=True)}
+
+        def rebuilt(translation: Translation) -> Translation:
+            if id(translation) not in by_hypothesis:  # a blank text: nothing was decoded, nothing to align
+                return translation
+            pairs, words, method, note = by_hypothesis[id(translation)]
+            return replace(
+                translation,
+                alignment=pairs,
+                word_alignment=words,
+                alignment_method=method,
+                alignment_note=note,
+                alternatives=[rebuilt(alternative) for alternative in translation.alternatives],
+            )
+
+        return [rebuilt(translation) for translation in translations]
 
     def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
         """Token and word alignments from the alignment head's (T, S) rows, read as the model declares."""
@@ -517,49 +530,65 @@ class Translator:
         limit = self.config.max_position_embeddings
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
-        return self._forced_rows(source_ids, target_ids)
+        return self._forced_rows([(source_ids, target_ids)])[0]
 
-    def _forced_rows(self, source_ids: list[int], target_ids: list[int], matrix: Tensor | None = None) -> AlignmentRows:
-        """The alignment head's rows over the pair from a forced decode of the exact model (`matrix`: its rows
-        already made, unread), read as the model declares, with the pieces they belong to."""
-        if matrix is None:
-            decoded = forced_decode(
-                self.exact_model, list(source_ids), list(target_ids), encoder_attention=False, token_scores=False
+    def _forced_rows(
+        self, pairs: list[tuple[list[int], list[int]]], matrices: list[Tensor | None] | None = None
+    ) -> list[AlignmentRows]:
+        """The alignment head's rows over each (source ids, target ids) pair, read as the model declares, with the
+        pieces they belong to: `matrices[i]` where given (rows already made, unread), else from forced decodes of
+        the exact model in shared batches (model.explain.forced_alignment_rows)."""
+        matrices = list(matrices) if matrices is not None else [None] * len(pairs)
+        missing = [i for i, matrix in enumerate(matrices) if matrix is None]
+        computed = forced_alignment_rows(self.exact_model, [pairs[i] for i in missing], *self.alignment_head)
+        for i, matrix in zip(missing, computed, strict=True):
+            matrices[i] = matrix
+        return [
+            AlignmentRows(
+                self._read_rows(matrix), self.tokenizer.source_tokens(source), self.tokenizer.target_tokens(target)
             )
-            matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
-        return AlignmentRows(
-            self._read_rows(matrix), self.tokenizer.source_tokens(source_ids), self.tokenizer.target_tokens(target_ids)
-        )
+            for (source, target), matrix in zip(pairs, matrices, strict=True)
+        ]
 
     def _read_rows(self, matrix: Tensor) -> Tensor:
         return shift_rows(matrix) if self.alignment_shift else matrix
 
-    def _agreement(
+    def _agreements(
         self,
-        source_ids: list[int],
-        target_ids: list[int],
+        items: list[tuple[list[int], list[int], list[tuple[int, int]], list[tuple[int, int]], Tensor | None]],
         reverse: Translator | None,
-        head_pairs: list[tuple[int, int]],
-        head_words: list[tuple[int, int]],
-        matrix: Tensor | None = None,
-    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], str, str | None]:
-        """(token links, word links, method, note): the agreed alignment with `reverse`, or the head's one-best
-        given (without `reverse`, or where the reverse model cannot read the pair: the note says why).
+    ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]], str, str | None]]:
+        """(token links, word links, method, note) per item (source ids, target ids, the head's token links, its
+        word links, this model's rows over the pair or None): the alignment agreed with `reverse`, or the head's
+        one-best given (without `reverse`, or where the reverse model cannot read the pair: the note says why).
 
-        This model's rows come from a forced decode of the exact model (`matrix`: one already made), as an
-        explanation fetched later recomputes them, so that both give the same links (a decode's own rows, in
-        int8 or in another batch, differ in the last bits, enough to move a product across the threshold)."""
-        if reverse is None:
-            return head_pairs, head_words, "head", None
-        source_text, translation = self.tokenizer.source_text(source_ids), self.tokenizer.detokenize(target_ids)
-        if not source_text.strip() or not translation.strip():
-            return head_pairs, head_words, "head", "nothing to agree on: the source or the translation is empty"
-        try:
-            backward = reverse.alignment_rows(translation, source_text)
-        except InputTooLongError:
-            return head_pairs, head_words, "head", f"the pair is too long for the reverse model {reverse.name}"
-        agreed = agreed_alignment(self._forced_rows(source_ids, target_ids, matrix), backward, source_text, translation)
-        return agreed.token_links, agreed.word_links, "agreement", None
+        Rows not given come from forced decodes of the exact model, as an explanation recomputes them; the
+        reverse model's always do, in shared batches. So a link whose product lies within float rounding (or,
+        under int8 decoding, quantization error) of the threshold can differ between an answer and a later fetch."""
+        results: list = [None] * len(items)
+        wanted: list[int] = []
+        backward: list[tuple[list[int], list[int]]] = []
+        texts = [(self.tokenizer.source_text(item[0]), self.tokenizer.detokenize(item[1])) for item in items]
+        for index, (item, (source_text, translation)) in enumerate(zip(items, texts, strict=True)):
+            head = (item[2], item[3])
+            if reverse is None:
+                results[index] = (*head, "head", None)
+            elif not source_text.strip() or not translation.strip():
+                results[index] = (*head, "head", "nothing to agree on: the source or the translation is empty")
+            else:
+                pair = (reverse.tokenizer.encode_source(translation), reverse.tokenizer.encode_target(source_text))
+                if max(map(len, pair)) > reverse.config.max_position_embeddings:
+                    results[index] = (*head, "head", f"the pair is too long for the reverse model {reverse.name}")
+                else:
+                    wanted.append(index)
+                    backward.append(pair)
+        if wanted:
+            forward_rows = self._forced_rows([items[i][:2] for i in wanted], [items[i][4] for i in wanted])
+            reverse_rows = reverse._forced_rows(backward)
+            for index, forward, back in zip(wanted, forward_rows, reverse_rows, strict=True):
+                agreed = agreed_alignment(forward, back, *texts[index])
+                results[index] = (agreed.token_links, agreed.word_links, "agreement", None)
+        return results
 
     def explain(
         self,
@@ -576,7 +605,7 @@ class Translator:
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        agreed = self._agreement(list(source_ids), list(target_ids), reverse, pairs, words[0], matrix)
+        (agreed,) = self._agreements([(list(source_ids), list(target_ids), pairs, words[0], matrix)], reverse)
         return Explanation(
             source_ids=list(source_ids),
             target_ids=list(target_ids),

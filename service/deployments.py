@@ -260,14 +260,27 @@ class TranslatorDeployment:
         return self._translation_json(translation, attention)
 
     def _aligned(self, translation: Translation, method: str) -> Translation:
-        """The translation with the alignment `method` asks for: decodes share batches whatever their method,
-        and "agreement" is computed afterwards, text by text (a forced decode of the reverse model each)."""
-        if method != "agreement":
-            return translation
+        """`_aligned_all` of one translation."""
+        return self._aligned_all([translation], [method])[0]
+
+    def _aligned_all(self, translations: list[Translation], methods: list[str]) -> list[Translation]:
+        """Each translation with the alignment its `method` asks for: decodes share batches whatever their method,
+        and "agreement" is computed afterwards for those that ask, the reverse model's forced decodes of all of
+        them sharing batches (Translator.with_agreements)."""
+        wanted = [i for i, method in enumerate(methods) if method == "agreement"]
+        if not wanted:
+            return translations
+        results = list(translations)
         if self.reverse is None:
-            return self._noted(translation)
-        self.metrics.forced_decodes.labels(self.spec.id, "agreement").inc(1 + len(translation.alternatives))
-        return self.translator.with_agreement(translation, self.reverse)
+            for i in wanted:
+                results[i] = self._noted(translations[i])
+            return results
+        hypotheses = sum(1 + len(translations[i].alternatives) for i in wanted if translations[i].target_ids)
+        self.metrics.forced_decodes.labels(self.spec.id, "agreement").inc(hypotheses)
+        agreed = self.translator.with_agreements([translations[i] for i in wanted], self.reverse)
+        for i, translation in zip(wanted, agreed, strict=True):
+            results[i] = translation
+        return results
 
     def _noted(self, translation: Translation) -> Translation:
         return replace(
@@ -308,7 +321,7 @@ class TranslatorDeployment:
                 options,
                 return_attention=any(item.attention != "none" for item in items),
             )
-            return [self._aligned(t, item.alignment_method) for t, item in zip(translations, items, strict=True)]
+            return self._aligned_all(translations, [item.alignment_method for item in items])
 
         translations = await asyncio.to_thread(decode)
         outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]

@@ -101,7 +101,7 @@ class ServiceMetrics:
         self.forced_decodes = Counter(
             "translation_forced_decodes",
             "Forced decodes run for explanations and attributions, by kind: explanation, explain, source_share, "
-            "or the attribution method.",
+            "the attribution method, or agreement (the reverse model's, one per hypothesis aligned by agreement).",
             ["model", "kind"],
         )
         self.decoder_rows = Gauge(
