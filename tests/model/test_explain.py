@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import InvalidInputError
-from model.explain import attention_steps, forced_decode
+from model.explain import attention_steps, forced_alignment_rows, forced_decode
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,6 +97,30 @@ def test_forced_decoding_gives_the_oracles_maps_and_log_probabilities(translator
     assert torch.allclose(
         forced.encoder_self_attention, torch.stack([a[0] for a in expected.encoder_attentions]), atol=1e-5
     )
+
+
+@pytest.mark.parametrize("head", [1, None])
+def test_batched_alignment_rows_are_the_oracles_rows_of_each_pair(translator, reference, head):
+    """Pairs of different lengths share padded batches (and a batch of their own); each pair's rows are the
+    oracle's teacher-forced rows of the head (or the layer's head average) over that pair alone."""
+    texts = ["The quick brown fox sat on the mat.", "Hi.", "A much longer sentence with many more words in it.", "No"]
+    pairs = []
+    for translation in translator.translate(texts, beam_size=2, n_best=2):
+        pairs += [(h.source_ids, h.target_ids) for h in (translation, *translation.alternatives)]
+    pairs.append((pairs[0][0], pairs[2][1]))  # a source with another text's target: forcing need not be likely
+    layer = translator.config.decoder_layers - 1
+    for batch_size in (32, 3):
+        rows = forced_alignment_rows(translator.exact_model, pairs, layer, head, batch_size=batch_size)
+        for (source_ids, target_ids), got in zip(pairs, rows, strict=True):
+            decoder_input = [reference.config.decoder_start_token_id, *target_ids[:-1]]
+            with torch.no_grad():
+                maps = reference(
+                    input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_input]),
+                    output_attentions=True, use_cache=False,
+                ).cross_attentions[layer][0]  # fmt: skip
+            expected = maps.mean(dim=0) if head is None else maps[head]
+            assert got.shape == (len(target_ids), len(source_ids))
+            assert torch.allclose(got, expected, atol=1e-5)
 
 
 def test_encoder_self_attention_rows_are_distributions(translator, translation):

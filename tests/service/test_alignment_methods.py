@@ -41,6 +41,22 @@ def test_translate_gives_the_heads_one_best_unless_asked_for_agreement(client, e
     assert agreed["word_alignment"] == [list(pair) for pair in expected.word_alignment]
 
 
+def test_every_text_of_a_request_gets_its_own_agreed_alignment(client, engines):
+    """The texts of one request are agreed together (the reverse model's forced decodes share a batch); each gets
+    the links the engine gives that text, and a blank text stays blank."""
+    texts = [SENTENCE, "", "A cat.", "The small house is near the big river and the old tree."]
+    response = client.post("/v1/translate", json={"texts": texts, **EN_ZH, "alignment_method": "agreement"})
+    assert response.status_code == 200, response.text
+    answers = response.json()["translations"]
+    expected = engines["en-zh"].translate(texts, beam_size=4, reverse=engines["zh-en"])
+    assert answers[1]["text"] == "" and answers[1]["alignment"] == []
+    for answer, engine in zip(answers, expected, strict=True):
+        assert answer["target_tokens"] == engine.target_tokens
+        if engine.target_ids:
+            assert answer["alignment_method"] == "agreement"
+        assert answer["alignment"] == [list(pair) for pair in engine.alignment]
+
+
 @pytest.mark.parametrize("method", ["agreement", "head"])
 def test_an_explanation_id_gives_the_alignment_its_translation_was_given(client, method):
     translation = translated(client, alignment_method=method, n_best=2, beam_size=2)
