@@ -85,25 +85,17 @@ def teacher_forcing_inputs(model: Transformer, source_ids: list[int], target_ids
 
 @torch.inference_mode()
 def forced_decode(
-    model: Transformer,
-    source_ids: list[int],
-    target_ids: list[int],
-    encoder_attention: bool = True,
-    token_scores: bool = True,
+    model: Transformer, source_ids: list[int], target_ids: list[int], encoder_attention: bool = True
 ) -> ForcedDecode:
     """Teacher-force `target_ids` (the generated ids, eos included) and return maps and log-probs
-    (and, with encoder_attention, the encoder's self-attention; it is not computed otherwise; without
-    token_scores the output projection is skipped, a fifth of the pass, and token_logprobs is empty)."""
+    (and, with encoder_attention, the encoder's self-attention; it is not computed otherwise)."""
     check_ids(model, source_ids, target_ids)
     device = model.final_logits_bias.device
     source, mask, decoder_input = teacher_forcing_inputs(model, source_ids, target_ids)
     encoder = model.encode(source, mask, need_weights=encoder_attention)
     hidden, cross = model.decode(decoder_input, encoder, need_weights=True)
-    if token_scores:
-        logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
-        chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
-    else:
-        chosen = torch.empty(0, device=device)
+    logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
+    chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
     encoder_maps = torch.stack([a[0] for a in encoder.self_attention]).float() if encoder_attention else None
     cross_maps = torch.stack([c[0] for c in cross]).float()
     logprobs_host, cross_host, encoder_host = to_host([chosen, cross_maps, encoder_maps])  # (T,), (L, h, T, S), …
