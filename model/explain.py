@@ -83,6 +83,27 @@ def teacher_forcing_inputs(model: Transformer, source_ids: list[int], target_ids
     return source, torch.ones_like(source, dtype=torch.bool), decoder_input
 
 
+def teacher_forcing_batch(
+    pairs: list[tuple[list[int], list[int]]], indices: list[int], config
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What a batch of forced decodes (or a training step) feeds the model, on the CPU, for `pairs[i]` (source ids,
+    target ids) with i in `indices`: the source ids right-padded (B, S), their mask (B, S), and the decoder inputs
+    (B, T), the start token followed by every target id but the last, padded. `teacher_forcing_inputs` for many."""
+    pad = config.pad_token_id
+    sources = [pairs[i][0] for i in indices]
+    targets = [pairs[i][1] for i in indices]
+    source_width = max(map(len, sources))
+    target_width = max(map(len, targets))
+    source_ids = torch.full((len(indices), source_width), pad, dtype=torch.long)
+    decoder_input = torch.full((len(indices), target_width), pad, dtype=torch.long)
+    for row, (source, target) in enumerate(zip(sources, targets)):
+        source_ids[row, : len(source)] = torch.tensor(source)
+        decoder_input[row, 0] = config.decoder_start_token_id
+        decoder_input[row, 1 : len(target)] = torch.tensor(target[:-1])
+    source_mask = torch.arange(source_width)[None, :] < torch.tensor([len(s) for s in sources])[:, None]
+    return source_ids, source_mask, decoder_input
+
+
 @torch.inference_mode()
 def forced_decode(
     model: Transformer, source_ids: list[int], target_ids: list[int], encoder_attention: bool = True
@@ -113,21 +134,12 @@ def forced_alignment_rows(
     for source_ids, target_ids in pairs:
         check_ids(model, source_ids, target_ids)
     device = model.final_logits_bias.device
-    pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
     rows: list[Tensor | None] = [None] * len(pairs)
     order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
     for first in range(0, len(order), batch_size):
         chunk = order[first : first + batch_size]
-        width = max(len(pairs[i][0]) for i in chunk)
-        length = max(len(pairs[i][1]) for i in chunk)
-        source = torch.full((len(chunk), width), pad, device=device)
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool, device=device)
-        decoder_input = torch.full((len(chunk), length), pad, device=device)
-        for row, index in enumerate(chunk):
-            source_ids, target_ids = pairs[index]
-            source[row, : len(source_ids)] = torch.tensor(source_ids, device=device)
-            mask[row, : len(source_ids)] = True
-            decoder_input[row, : len(target_ids)] = torch.tensor([start, *target_ids[:-1]], device=device)
+        source, mask, decoder_input = (t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config))
+        length = decoder_input.size(1)
         encoder = model.encode(source, mask)
         x = model.add_positions(model.token_embeddings(model.decoder_embed_tokens, decoder_input))
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # padding comes last: unseen

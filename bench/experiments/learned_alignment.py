@@ -33,6 +33,7 @@ from bench import machine, write_report
 from bench.alignment import DATA
 from model.agreement import agreement_threshold, overlapping_words, piece_offsets
 from model.alignment import shift_rows
+from model.explain import teacher_forcing_batch
 from model.training.evaluate_alignment import gold_items, in_domain_items, link_items
 from model.training.gold import alignment_error_rate, words_from_pieces
 from model.training.statistical_alignment import main as statistical_alignment
@@ -49,22 +50,14 @@ def forced_states(translator: Translator, pairs: list[tuple[str, str]], batch_si
     """Per (source text, target text): encoder states (S, d), decoder states per layer (L, T, d) and the
     alignment head's rows read as declared (T, S), from a teacher-forced pass of the float32 model; piece spans."""
     model, tokenizer = translator.exact_model, translator.tokenizer
-    pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
     layer, head = translator.alignment_head
     encoded = [(tokenizer.encode_source(s), tokenizer.encode_target(t)) for s, t in pairs]
     results: list = [None] * len(pairs)
     order = sorted(range(len(pairs)), key=lambda i: len(encoded[i][0]))
     for first in range(0, len(order), batch_size):
         chunk = order[first : first + batch_size]
-        width, length = max(len(encoded[i][0]) for i in chunk), max(len(encoded[i][1]) for i in chunk)
-        source = torch.full((len(chunk), width), pad)
-        decoder_input = torch.full((len(chunk), length), pad)
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
-        for row, i in enumerate(chunk):
-            source_ids, target_ids = encoded[i]
-            source[row, : len(source_ids)] = torch.tensor(source_ids)
-            mask[row, : len(source_ids)] = True
-            decoder_input[row, : len(target_ids)] = torch.tensor([start, *target_ids[:-1]])
+        source, mask, decoder_input = teacher_forcing_batch(encoded, chunk, model.config)
+        length = decoder_input.size(1)
         encoder = model.encode(source, mask)
         x = model.add_positions(model.token_embeddings(model.decoder_embed_tokens, decoder_input))
         causal = torch.ones(length, length, dtype=torch.bool).tril()

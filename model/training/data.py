@@ -8,6 +8,7 @@ from collections import OrderedDict
 import torch
 
 from model.config import ModelConfig
+from model.explain import teacher_forcing_batch
 
 
 def read_pairs(path: str, source_column: int, target_column: int) -> list[tuple[str, str]]:
@@ -33,18 +34,10 @@ def dev_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[s
 
 
 def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], config: ModelConfig):
-    pad = config.pad_token_id
-    sources = [examples[i][0] for i in indices]
-    targets = [examples[i][1] for i in indices]
-    source_width = max(map(len, sources))
-    target_width = max(map(len, targets))
-    source_ids = torch.full((len(indices), source_width), pad, dtype=torch.long)
-    decoder_input = torch.full((len(indices), target_width), pad, dtype=torch.long)
-    labels = torch.full((len(indices), target_width), -100, dtype=torch.long)
-    for row, (source, target) in enumerate(zip(sources, targets)):
-        source_ids[row, : len(source)] = torch.tensor(source)
-        decoder_input[row, 0] = config.decoder_start_token_id
-        decoder_input[row, 1 : len(target)] = torch.tensor(target[:-1])
+    """`model.explain.teacher_forcing_batch` of the examples, and the labels: each target id, -100 past its end."""
+    source_ids, source_mask, decoder_input = teacher_forcing_batch(examples, indices, config)
+    labels = torch.full(decoder_input.shape, -100, dtype=torch.long)
+    for row, index in enumerate(indices):
+        target = examples[index][1]
         labels[row, : len(target)] = torch.tensor(target)
-    source_mask = torch.arange(source_width)[None, :] < torch.tensor([len(s) for s in sources])[:, None]
     return source_ids, source_mask, decoder_input, labels
