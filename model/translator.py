@@ -525,12 +525,16 @@ class Translator:
     def alignment_rows(self, source: str, target: str) -> AlignmentRows:
         """The alignment head's rows (read as the model declares) when `target` is forced after `source`:
         what a reverse model contributes to `agreed_alignment`. Raises InputTooLongError past the positions."""
+        return self._forced_rows([self._pair_ids(source, target)])[0]
+
+    def _pair_ids(self, source: str, target: str) -> tuple[list[int], list[int]]:
+        """(source ids, target ids) of a pair to force; InputTooLongError past the model's positions."""
         source_ids = self.tokenizer.encode_source(source)
         target_ids = self.tokenizer.encode_target(target)
         limit = self.config.max_position_embeddings
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
-        return self._forced_rows([(source_ids, target_ids)])[0]
+        return source_ids, target_ids
 
     def _forced_rows(
         self, pairs: list[tuple[list[int], list[int]]], matrices: list[Tensor | None] | None = None
@@ -576,12 +580,12 @@ class Translator:
             elif not source_text.strip() or not translation.strip():
                 results[index] = (*head, "head", "nothing to agree on: the source or the translation is empty")
             else:
-                pair = (reverse.tokenizer.encode_source(translation), reverse.tokenizer.encode_target(source_text))
-                if max(map(len, pair)) > reverse.config.max_position_embeddings:
+                try:
+                    backward.append(reverse._pair_ids(translation, source_text))
+                except InputTooLongError:
                     results[index] = (*head, "head", f"the pair is too long for the reverse model {reverse.name}")
-                else:
-                    wanted.append(index)
-                    backward.append(pair)
+                    continue
+                wanted.append(index)
         if wanted:
             forward_rows = self._forced_rows([items[i][:2] for i in wanted], [items[i][4] for i in wanted])
             reverse_rows = reverse._forced_rows(backward)
