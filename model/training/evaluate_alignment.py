@@ -250,6 +250,14 @@ def alignment_report(
     return report
 
 
+def item_word_maps(item: AlignmentItem, source_tokens: list[str], target_tokens: list[str]):
+    """(source map, target map): per piece of the pair, the item's words its characters cover."""
+    return (
+        pieces_to_words(piece_offsets(item.source, source_tokens), item.source_words),
+        pieces_to_words(piece_offsets(item.target, target_tokens), item.target_words),
+    )
+
+
 def served_alignment_score(translator, items: list[AlignmentItem], reverse=None) -> AlignmentScore:
     """AER of the alignment `Translator.explain` serves for each item's pair (agreed with `reverse`, a model
     translating the other way, or without it the head's one-best), its token links mapped onto the items' words."""
@@ -258,8 +266,7 @@ def served_alignment_score(translator, items: list[AlignmentItem], reverse=None)
         source_ids = translator.tokenizer.encode_source(item.source)
         target_ids = translator.tokenizer.encode_target(item.target)
         explained = translator.explain(source_ids, target_ids, reverse=reverse)
-        source_map = pieces_to_words(piece_offsets(item.source, explained.source_tokens), item.source_words)
-        target_map = pieces_to_words(piece_offsets(item.target, explained.target_tokens), item.target_words)
+        source_map, target_map = item_word_maps(item, explained.source_tokens, explained.target_tokens)
         predicted.append(words_from_pieces(explained.alignment, source_map, target_map))
     return alignment_error_rate(predicted, [item.reference for item in items])
 
@@ -272,8 +279,9 @@ def through_pieces_score(tokenizer: MarianTokenizer, items: list[AlignmentItem],
     predicted = []
     for item, word_links in zip(items, links, strict=True):
         source_ids, target_ids = tokenizer.encode_source(item.source), tokenizer.encode_target(item.target)
-        source_map = pieces_to_words(piece_offsets(item.source, tokenizer.source_tokens(source_ids)), item.source_words)
-        target_map = pieces_to_words(piece_offsets(item.target, tokenizer.target_tokens(target_ids)), item.target_words)
+        source_map, target_map = item_word_maps(
+            item, tokenizer.source_tokens(source_ids), tokenizer.target_tokens(target_ids)
+        )
         piece_links = [
             (s, t)
             for s, source_words in enumerate(source_map)
