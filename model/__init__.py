@@ -19,6 +19,7 @@ from model.options import MAX_BEAM_SIZE, DecodingOptions
 from model.search import Hypothesis
 from model.transformer import Transformer
 from model.translator import Explanation, StreamedToken, Translation, Translator
+from model.trust import DEFAULT_TRUST_MODE, FLAG_KINDS, TRUST_MODES, Trust, TrustFlag
 
 __all__ = [
     "ALIGNMENT_METHODS",
@@ -43,6 +44,11 @@ __all__ = [
     "StreamedToken",
     "Translation",
     "Translator",
+    "DEFAULT_TRUST_MODE",
+    "FLAG_KINDS",
+    "TRUST_MODES",
+    "Trust",
+    "TrustFlag",
     "TranslatorError",
     "UnknownModelError",
 ]

@@ -157,6 +157,34 @@ def forced_alignment_rows(
     return rows
 
 
+@torch.inference_mode()
+def forced_logprobs(
+    model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int = 32
+) -> list[list[float]]:
+    """Each target token's log-probability when (source ids, target ids) is teacher-forced, as `forced_decode`
+    gives them up to float rounding; pairs of similar lengths share a padded batch. For the reverse model's
+    reading of a translation (model.trust, "full")."""
+    for source_ids, target_ids in pairs:
+        check_ids(model, source_ids, target_ids)
+    device = model.final_logits_bias.device
+    result: list[list[float] | None] = [None] * len(pairs)
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+    for first in range(0, len(order), batch_size):
+        chunk = order[first : first + batch_size]
+        source, mask, decoder_input = (t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config))
+        encoder = model.encode(source, mask)
+        hidden, _ = model.decode(decoder_input, encoder, need_weights=False)
+        logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)  # (B, T, V)
+        targets = torch.full(decoder_input.shape, 0, dtype=torch.long)
+        for row, index in enumerate(chunk):
+            target_ids = pairs[index][1]
+            targets[row, : len(target_ids)] = torch.tensor(target_ids)
+        (chosen,) = to_host([logprobs.gather(2, targets.to(device)[..., None])[..., 0]])
+        for row, index in enumerate(chunk):
+            result[index] = chosen[row, : len(pairs[index][1])].tolist()
+    return result
+
+
 def _head_projection(linear: torch.nn.Linear, x: Tensor, head: int, d_k: int) -> Tensor:
     """The slice of a projection that belongs to one head: x Wᵀ + b, columns head·d_k … (head+1)·d_k."""
     rows = slice(head * d_k, (head + 1) * d_k)

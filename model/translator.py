@@ -7,6 +7,7 @@ out[0].text, out[0].alignment, out[0].cross_attention
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -22,14 +23,23 @@ from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
-from model.explain import AttentionSteps, attention_steps, forced_alignment_rows, forced_decode
+from model.explain import AttentionSteps, attention_steps, forced_alignment_rows, forced_decode, forced_logprobs
 from model.options import DecodingOptions
 from model.runtime import load_step
 from model.runtime.step import weights_precision
 from model.scheduler import DecodeLoop, TokenCallback
-from model.search import Hypothesis, beam_search
+from model.search import Hypothesis, beam_search, length_budget
 from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
+from model.trust import (
+    TRUST_MODES,
+    Calibration,
+    Trust,
+    _Reading,
+    frequent_pieces,
+    signals_and_flags,
+    uncalibrated_score,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +93,7 @@ class Translation:
     alignment_note: str | None = None  # why "agreement" was asked for and "head" given
     # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
     alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
+    trust: Trust | None = None  # how far to believe it (Translator.assess; model.trust)
 
 
 def word_links(
@@ -188,6 +199,7 @@ class Translator:
         exact_model: Transformer | None = None,
         step=None,
         model_card: str | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         self.model = model  # what decodes (translate, generate, submit)
         # How each decoding step runs: the compiled runtime where it builds and suits, else the model's eager step
@@ -203,6 +215,8 @@ class Translator:
         # Which head alignments are read from and why: config.json's declaration, else what the model card
         # (README.md) says of the training recipe (ModelConfig.alignment_source).
         self.alignment = self.config.alignment_source(model_card)
+        # The trust score's fit (trust.json beside the weights), or None: the uncalibrated default (model.trust).
+        self.calibration = calibration
 
     @classmethod
     def from_pretrained(
@@ -253,8 +267,13 @@ class Translator:
             )
         digest = hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
         return cls(
-            model, tokenizer, name=directory.name, weights_digest=digest, step=step,
+            model,
+            tokenizer,
+            name=directory.name,
+            weights_digest=digest,
+            step=step,
             model_card=read_model_card(directory),
+            calibration=Calibration.load(directory, digest),
         )
 
     @property
@@ -391,7 +410,10 @@ class Translator:
         and leave the running decode at every step, each decoded as if alone."""
         if self._loop is None:
             self._loop = DecodeLoop(
-                self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head,
+                self.model,
+                max_rows=max_rows,
+                max_waiting=max_waiting,
+                alignment_head=self.alignment_head,
                 step=self.step,
             )
 
@@ -517,6 +539,88 @@ class Translator:
 
         return [rebuilt(translation) for translation in translations]
 
+    def assess(
+        self,
+        translations: list[Translation],
+        mode: str = "fast",
+        reverse: Translator | None = None,
+        options: DecodingOptions | None = None,
+    ) -> None:
+        """Set `trust` on every translation and alternative (model.trust). mode "fast": from the decode alone;
+        "full": also the reverse model's log-probabilities of the source forced after each translation (their
+        forced decodes share batches; without `reverse` "full" is "fast"). "off": trust stays None. `options`: what
+        the translations were decoded with (their length budget tells a truncated hypothesis; default: defaults)."""
+        if mode not in TRUST_MODES:
+            raise InvalidInputError(f"trust must be one of {', '.join(TRUST_MODES)}")
+        if mode == "off":
+            return
+        hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
+        if mode == "full" and reverse is None:
+            mode = "fast"
+        texts = [(self.tokenizer.source_text(h.source_ids), h.text) for h in hypotheses]
+        backward: dict[int, tuple[list[int], list[int]]] = {}
+        if mode == "full":
+            for index, (source_text, translation) in enumerate(texts):
+                if source_text.strip() and translation.strip():
+                    try:
+                        backward[index] = reverse._pair_ids(translation, source_text)
+                    except InputTooLongError:
+                        pass
+        reverse_scores = dict(
+            zip(backward, forced_logprobs(reverse.exact_model, list(backward.values())) if backward else [])
+        )
+        eos = self.tokenizer.eos_id
+        # At the length budget the search ends a hypothesis with </s> (Marian's forced_eos_token_id), so a
+        # hypothesis that long with </s> last was cut; one without </s> (a client's target) never ended.
+        budget, limit = options or DecodingOptions(), self.config.max_position_embeddings
+        for index, hypothesis in enumerate(hypotheses):
+            rows = hypothesis.alignment_rows
+            reading = _Reading(
+                source_tokens=hypothesis.source_tokens,
+                target_tokens=hypothesis.target_tokens,
+                token_logprobs=list(hypothesis.token_logprobs),
+                rows=self._read_rows(rows) if rows is not None else None,
+                ended=bool(hypothesis.target_ids)
+                and hypothesis.target_ids[-1] == eos
+                and len(hypothesis.target_ids) < length_budget(len(hypothesis.source_ids), budget, limit),
+                source_words=hypothesis.source_words,
+                target_words=hypothesis.target_words,
+                source_text=texts[index][0],
+                frequent=self._frequent_pieces,
+                linked_source=frozenset(s for s, _ in hypothesis.word_alignment),
+            )
+            if index in reverse_scores:
+                reading.reverse_logprobs = reverse_scores[index]
+                reading.reverse_pieces = reverse.tokenizer.target_tokens(backward[index][1])
+            signals, flags = signals_and_flags(reading)
+            used = mode if index in reverse_scores or mode == "fast" else "fast"
+            if used == "full":
+                logprobs = reverse_scores[index]
+                signals["reverse_logprob"] = sum(logprobs) / len(logprobs)
+            usable = self.calibration is not None and not self.calibration.mismatch
+            fit = self.calibration.modes.get(used) if usable else None
+            score = fit.probability(signals) if fit is not None else uncalibrated_score(signals)
+            hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None)
+
+    @functools.cached_property
+    def _frequent_pieces(self) -> frozenset[str]:
+        return frequent_pieces(self.tokenizer.source_spm)
+
+    @property
+    def trust_info(self) -> dict:
+        """What GET /v1/models says of this model's trust score."""
+        if self.calibration is None or self.calibration.mismatch:
+            return {
+                "calibrated": False,
+                "note": self.calibration.mismatch
+                if self.calibration is not None
+                else "no trust.json beside the weights",
+                "modes": list(TRUST_MODES),
+                "score": "uncalibrated default: exp(mean token log-probability); fit one with "
+                "python -m model.training.calibrate_trust",
+            }
+        return {"calibrated": True, "modes": list(TRUST_MODES), "fitted_on": self.calibration.fitted_on}
+
     def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
         """Token and word alignments from the alignment head's (T, S) rows, read as the model declares."""
         matrix = self._read_rows(matrix)
@@ -593,6 +697,22 @@ class Translator:
                 agreed = agreed_alignment(forward, back, *texts[index])
                 results[index] = (agreed.token_links, agreed.word_links, "agreement", None)
         return results
+
+    def force(self, source: str, target: str) -> Translation:
+        """The Translation this model gives `source` had its search chosen `target` (teacher-forced by the exact
+        model: its token log-probabilities and alignment head), without alternatives: for assessing a translation
+        made elsewhere (`assess`). Raises InputTooLongError past the model's positions."""
+        source_ids, target_ids = self._pair_ids(source, target)
+        decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False)
+        hypothesis = Hypothesis(
+            token_ids=target_ids,
+            score=sum(decoded.token_logprobs),
+            token_logprobs=decoded.token_logprobs,
+            cross_attention=None,
+            normalized_score=0.0,
+            alignment_attention=alignment_matrix(decoded.cross_attention, *self.alignment_head),
+        )
+        return self._build(source_ids, hypothesis, keep_attention=False)
 
     def explain(
         self,

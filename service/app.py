@@ -263,6 +263,7 @@ class Ingress:
             attention=body.attention,
             source_share=body.source_share,
             alignment_method=body.alignment_method,
+            trust=body.trust,
         )
         outcomes = await self.translate_call(model, call)
         return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
@@ -298,6 +299,7 @@ class Ingress:
                 attention=body.attention,
                 source_share=body.source_share,
                 alignment_method=body.alignment_method,
+                trust=body.trust,
             )
 
             async def start() -> tuple[Any, Any, list]:

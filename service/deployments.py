@@ -41,6 +41,7 @@ class BatchItem:
     options: DecodingOptions
     attention: str  # "none" | "summary" | "full": only changes what is returned
     alignment_method: str = "head"  # "agreement": realigned with the reverse model after the shared decode
+    trust: str = "off"  # "fast" | "full": assessed after the shared decode (model.trust)
 
 
 @serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
@@ -118,12 +119,18 @@ class TranslatorDeployment:
             "alignment_shift": self.translator.alignment_shift,
             "alignment_source": self.translator.alignment.reason,
             "alignment_methods": ["agreement", "head"] if self.reverse is not None else ["head"],
+            "trust": {**self.translator.trust_info, "full_available": self.reverse is not None},
             "max_source_tokens": config.max_position_embeddings,
             "max_text_characters": V1_MAX_TEXT_CHARS,  # /v1's limit
         }
         logger.info("translator %s loaded from %s on %s", self.spec.id, self.spec.path, self.translator.device)
-        logger.info("translator %s decodes with the %s runtime (%s): %s", self.spec.id, runtime["runtime"],
-                    runtime["precision"], runtime["reason"])
+        logger.info(
+            "translator %s decodes with the %s runtime (%s): %s",
+            self.spec.id,
+            runtime["runtime"],
+            runtime["precision"],
+            runtime["reason"],
+        )
         # what is loaded now lives as long as the replica: out of the collector's generations, so that a decode's
         # collections no longer walk the model and the imports (3 % of a 16-text int8 decode; docs/performance.md)
         gc.freeze()
@@ -149,6 +156,7 @@ class TranslatorDeployment:
     async def _translate(self, call: TranslateCall) -> list[dict]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
         texts, options, attention, method = call.texts, call.options, call.attention, call.alignment_method
+        trust = call.trust
         try:
             source_ids = self.translator.encode_source(texts)  # fails fast on a text longer than the model allows
         except InputTooLongError as error:
@@ -161,9 +169,11 @@ class TranslatorDeployment:
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
         if self.continuous:
-            decodes = [self._decode_continuously(text, options, attention, method) for text in texts]
+            decodes = [self._decode_continuously(text, options, attention, method, trust) for text in texts]
         else:
-            decodes = [self.batches.submit(BatchItem(text, options, attention, method), options) for text in texts]
+            decodes = [
+                self.batches.submit(BatchItem(text, options, attention, method, trust), options) for text in texts
+            ]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -219,9 +229,7 @@ class TranslatorDeployment:
         self._watch_rows()
         try:
             self._check_length_budget(options)
-            future = self.translator.submit(
-                text, options, return_attention=attention != "none", on_token=on_token
-            )
+            future = self.translator.submit(text, options, return_attention=attention != "none", on_token=on_token)
         except REFUSALS as error:
             yield Rejected(error)
             return
@@ -234,7 +242,7 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
-        translation = await asyncio.to_thread(self._aligned, translation, call.alignment_method)
+        translation = await asyncio.to_thread(self._finished, translation, call.alignment_method, call.trust, options)
         result = self._translation_json(translation, attention)
         if call.source_share:
             await asyncio.to_thread(self._add_source_shares, [result])
@@ -247,7 +255,9 @@ class TranslatorDeployment:
         if options.min_new_tokens > limit:
             raise InputTooLongError(f"min_length must be at most {limit} for model {self.spec.id}")
 
-    async def _decode_continuously(self, text: str, options: DecodingOptions, attention: str, method: str) -> dict:
+    async def _decode_continuously(
+        self, text: str, options: DecodingOptions, attention: str, method: str, trust: str
+    ) -> dict:
         """One text through the replica's decode loop; a caller that stops waiting frees its rows."""
         self._watch_rows()
         future = self.translator.submit(text, options, return_attention=attention != "none")
@@ -256,12 +266,25 @@ class TranslatorDeployment:
         except asyncio.CancelledError:
             self._cancel(future)
             raise
-        translation = await asyncio.to_thread(self._aligned, translation, method)
+        translation = await asyncio.to_thread(self._finished, translation, method, trust, options)
         return self._translation_json(translation, attention)
 
-    def _aligned(self, translation: Translation, method: str) -> Translation:
-        """`_aligned_all` of one translation."""
-        return self._aligned_all([translation], [method])[0]
+    def _finished(self, translation: Translation, method: str, trust: str, options: DecodingOptions) -> Translation:
+        """`_aligned_all` and `_assessed_all` of one translation."""
+        (translation,) = self._aligned_all([translation], [method])
+        self._assessed_all([translation], [trust], options)
+        return translation
+
+    def _assessed_all(self, translations: list[Translation], modes: list[str], options: DecodingOptions) -> None:
+        """Set each translation's trust as its mode asks (model.trust): "full" ones share the reverse model's
+        forced decodes (without a reverse model "full" is "fast", and the trust's `mode` says so)."""
+        for mode in ("fast", "full"):
+            chosen = [t for t, m in zip(translations, modes, strict=True) if m == mode]
+            if chosen:
+                self.translator.assess(chosen, mode, self.reverse, options)
+                if mode == "full" and self.reverse is not None:
+                    hypotheses = sum(1 + len(t.alternatives) for t in chosen if t.target_ids)
+                    self.metrics.forced_decodes.labels(self.spec.id, "trust").inc(hypotheses)
 
     def _aligned_all(self, translations: list[Translation], methods: list[str]) -> list[Translation]:
         """Each translation with the alignment its `method` asks for: decodes share batches whatever their method,
@@ -321,7 +344,9 @@ class TranslatorDeployment:
                 options,
                 return_attention=any(item.attention != "none" for item in items),
             )
-            return self._aligned_all(translations, [item.alignment_method for item in items])
+            translations = self._aligned_all(translations, [item.alignment_method for item in items])
+            self._assessed_all(translations, [item.trust for item in items], options)
+            return translations
 
         translations = await asyncio.to_thread(decode)
         outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
@@ -332,6 +357,10 @@ class TranslatorDeployment:
         self.metrics.texts.labels(self.spec.id, self.replica).inc()
         self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
         self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
+        if translation.trust is not None:
+            self.metrics.trust_score.labels(self.spec.id, translation.trust.mode).observe(translation.trust.score)
+            for flag in translation.trust.flags:
+                self.metrics.trust_flags.labels(self.spec.id, flag.kind).inc()
         head, shift = self.translator.alignment_head, self.translator.alignment_shift
         result = hypothesis_json(translation, self._translation_id(translation), attention, head, shift)
         result["alternatives"] = [
@@ -440,4 +469,3 @@ class TranslatorDeployment:
         if attributions is not None:
             result["attributions"] = attributions_json(attributions)
         return result
-

@@ -20,6 +20,7 @@ class TranslateCall:
     source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
     max_text_chars: int = V1_MAX_TEXT_CHARS  # the asking route's character limit, quoted when a text is too long
     alignment_method: str = "head"  # or "agreement" (schemas.AlignmentMethod)
+    trust: str = "off"  # "fast" | "full": each hypothesis carries `trust` (schemas.TrustMode; model.trust)
 
 
 @dataclass(frozen=True)

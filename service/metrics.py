@@ -104,6 +104,18 @@ class ServiceMetrics:
             "the attribution method, or agreement (the reverse model's, one per hypothesis aligned by agreement).",
             ["model", "kind"],
         )
+        self.trust_score = Histogram(
+            "translation_trust_score",
+            "trust.score of each translation returned (the best hypothesis), by model and mode (fast, full).",
+            ["model", "mode"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+        )
+        self.trust_flags = Counter(
+            "translation_trust_flags",
+            "Findings in translations' trust (best hypothesis), by kind: omission, addition, repetition, "
+            "untranslated, truncated.",
+            ["model", "kind"],
+        )
         self.decoder_rows = Gauge(
             "translation_decoder_rows",
             "Decoder rows in flight in a replica's continuous scheduler (a beam of k is k rows).",

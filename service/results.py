@@ -46,6 +46,8 @@ def hypothesis_json(
         "alignment_note": translation.alignment_note,
         "explanation_id": explanation_id,
     }
+    if translation.trust is not None:
+        result["trust"] = translation.trust.as_dict()
     if attention != "none" and translation.cross_attention is not None:
         cross_attention = translation.cross_attention.tolist()  # [layer][head][target][source]
         result["attention"] = {

@@ -14,6 +14,9 @@ from model import (
     ATTRIBUTION_DEFAULT_STEPS,
     ATTRIBUTION_MAX_STEPS,
     ATTRIBUTION_METHODS,
+    DEFAULT_TRUST_MODE,
+    FLAG_KINDS,
+    TRUST_MODES,
     DecodingOptions,
 )
 from service.explanations import MAX_ID_CHARS
@@ -33,9 +36,13 @@ ExplainMethod = Literal[
 assert get_args(ExplainMethod)[1:] == ATTRIBUTION_METHODS, "the API's methods are the engine's"
 DEFAULT_STEPS, MAX_ATTRIBUTION_STEPS = ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS
 AlignmentMethod = Literal["agreement", "head"]
+TrustMode = Literal["off", "fast", "full"]
+assert get_args(TrustMode) == TRUST_MODES, "the API's trust modes are the engine's"
+FlagKind = Literal["omission", "addition", "repetition", "untranslated", "truncated"]
+assert get_args(FlagKind) == FLAG_KINDS, "the API's flag kinds are the engine's"
 assert get_args(AlignmentMethod) == ALIGNMENT_METHODS, "the API's alignment methods are the engine's"
 ALIGNMENT_METHOD_HELP = (
-    '"agreement": the links the model\'s alignment head and the reverse model\'s (the served model translating '
+    "\"agreement\": the links the model's alignment head and the reverse model's (the served model translating "
     "target_lang→source_lang, forced to write the source back from the translation) agree on: a word may have no "
     'link or several (in domain AER 21–23 against the head\'s 24–31, docs/explanations.md). "head": per target token '
     "the source token the alignment head weighs most. Where no reverse model is served, or it cannot read the pair, "
@@ -99,6 +106,13 @@ class TranslateRequest(ModelChoice):
         "model per hypothesis (the texts of a batch share it: +34–39 % CPU per text under float32 decoding, +98–170 % "
         "under int8, for the shipped models; docs/rest-api.md). The explanation_id remembers the method given.",
     )
+    trust: TrustMode = Field(
+        DEFAULT_TRUST_MODE,
+        description='How far to believe each translation (`trust` on every hypothesis): "fast" from the decode '
+        'alone (about 1 % more CPU per sentence); "full" also forces the reverse model over each translation '
+        "(its log-probability of the source: a stronger score and omission flags it confirms; costs about one "
+        'more forced decode per hypothesis); "off": no `trust`. docs/explanations.md ("Trust") has the measurements.',
+    )
     split_sentences: bool = Field(
         True,
         description="Cut each text into sentences (at sentence ends, line breaks kept) and decode them as separate "
@@ -147,6 +161,36 @@ class AttentionMaps(BaseModel):
     )
 
 
+class TrustFlagOut(BaseModel):
+    kind: FlagKind = Field(
+        description="omission: source words the translation seems to leave out; addition: target words with "
+        "little source support; repetition: a stretch repeated back to back that the source does not repeat; "
+        "untranslated: source words copied through; truncated: the length budget ended it before </s>."
+    )
+    side: Literal["source", "target"] = Field(description="Which sentence `words` index.")
+    words: list[int] = Field(description="Indices into source_words or target_words.")
+    text: list[str] = Field(description="Those words.")
+
+
+class TrustOut(BaseModel):
+    score: float = Field(
+        description="Estimated probability (0 to 1) that the translation is adequate: a logistic regression on "
+        "`signals` fitted for this model (`calibrated`), else exp(signals.forward_logprob)."
+    )
+    flags: list[TrustFlagOut]
+    signals: dict[str, float] = Field(
+        description="The raw numbers: forward_logprob (mean token log-probability), forward_min_logprob, "
+        'source_coverage, target_support, repetition, length_ratio, untranslated, truncated and, in "full", '
+        "reverse_logprob (the reverse model's mean log-probability of the source given the translation). Empty "
+        "for a text split into sentences (see each sentence's)."
+    )
+    mode: Literal["fast", "full"] = Field(description="Which signals the score used.")
+    calibrated: bool = Field(description="false: no calibration fitted for these weights; the default score.")
+    sentence: int | None = Field(
+        None, description="For a text split into sentences: the sentence whose score this is (the least trusted)."
+    )
+
+
 class HypothesisOut(BaseModel):
     text: str
     source_tokens: list[str]
@@ -154,8 +198,8 @@ class HypothesisOut(BaseModel):
     score: float = Field(description="Sum of the token log-probabilities.")
     token_scores: list[float] = Field(description="Log-probability of each target token.")
     alignment: list[AlignmentPair] = Field(
-        description="[source_token_index, target_token_index]: with `alignment_method` \"head\", per target token "
-        "the source token the alignment head weighs most; with \"agreement\", every pair of tokens whose words the "
+        description='[source_token_index, target_token_index]: with `alignment_method` "head", per target token '
+        'the source token the alignment head weighs most; with "agreement", every pair of tokens whose words the '
         "two models agree on (none, one or several per token). Never the source's </s>."
     )
     word_alignment: list[AlignmentPair] = Field(description="[source_word_index, target_word_index] pairs.")
@@ -170,6 +214,7 @@ class HypothesisOut(BaseModel):
         '(translated to "" without running the model) and for a text split into sentences (see `sentences`).'
     )
     attention: AttentionMaps | None = None
+    trust: TrustOut | None = Field(None, description='How far to believe it; absent with trust: "off".')
     token_source_shares: list[float] | None = Field(
         None,
         description="Only with source_share: true. Per target token, the share (0 to 1) of its making that "
@@ -343,15 +388,20 @@ class ExplainResponse(ExplanationResponse):
 
 
 class RuntimeInfo(BaseModel):
-    runtime: str = Field(description="compiled: one C++ call per decode (model/runtime); eager: the lecture model's "
-                         "own step, where the compiled one could not be built or does not apply (a GPU, bfloat16).")
+    runtime: str = Field(
+        description="compiled: one C++ call per decode (model/runtime); eager: the lecture model's "
+        "own step, where the compiled one could not be built or does not apply (a GPU, bfloat16)."
+    )
     precision: str = Field(description="Of the decoding step's matmuls: float32 or int8 (compiled), else the model's.")
-    reason: str = Field(description="Why: the kernels chosen on this CPU and how long choosing took, or the fallback's "
-                        "cause.")
+    reason: str = Field(
+        description="Why: the kernels chosen on this CPU and how long choosing took, or the fallback's cause."
+    )
     cpu: str = Field(description="The CPU model the kernels were measured on.")
     threads: int = Field(description="Threads each decode uses.")
-    kernels: dict[str, str] = Field(description="Per matmul (layer.name, output): the kernel for few rows / many rows "
-                                    "(linear, transposed, onednn, int8), measured fastest here when the model loaded.")
+    kernels: dict[str, str] = Field(
+        description="Per matmul (layer.name, output): the kernel for few rows / many rows "
+        "(linear, transposed, onednn, int8), measured fastest here when the model loaded."
+    )
     choice_ms: float = Field(description="Milliseconds the kernel measurement took at load.")
 
 
@@ -374,7 +424,8 @@ class ModelInfo(BaseModel):
         "attention /v1/translate returned (those are the int8 search's) by quantization error.",
     )
     runtime: RuntimeInfo | None = Field(
-        None, description="What runs the decoding steps on this replica, and why (the compiled runtime or the eager "
+        None,
+        description="What runs the decoding steps on this replica, and why (the compiled runtime or the eager "
         "step it falls back to).",
     )
     encoder_layers: int
@@ -400,6 +451,12 @@ class ModelInfo(BaseModel):
         "the last layer's head 0), `marian default` (no declaration, no recipe named: the head Marian's guided "
         "alignment trains, as most OPUS-MT models were), `fallback` (the card names a recipe without guided "
         "alignment: the penultimate layer's head average)."
+    )
+    trust: dict | None = Field(
+        None,
+        description="The trust score: `calibrated` (a trust.json fitted on these weights is loaded; else the "
+        "uncalibrated default and a `note` why), `fitted_on` (what it was fitted on), `full_available` (the reverse "
+        'model "full" needs is served).',
     )
     max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")
     max_text_characters: int = Field(description="The most characters a text may have.")

@@ -233,6 +233,22 @@ def fetch(root: Path, options: RecipeOptions) -> None:
                     shutil.copyfileobj(raw, packed)
 
 
+def split_hsk(hsk: list[Pair], count: int, seed: int) -> tuple[list[Pair], list[Pair]]:
+    """(development, training) HSK pairs: a seeded hash order, the same pairs every time whatever the file's order."""
+    ranked = sorted(hsk, key=lambda p: stable_rank(p.chinese, seed))
+    return ranked[:count], ranked[count:]
+
+
+def read_tatoeba_dev(root: Path) -> list[Pair]:
+    return [Pair(r[0], r[1], r[2] if len(r) > 2 else "", "tatoeba") for r in read_tsv(root / "tatoeba-en-zh/dev.tsv")]
+
+
+def development_pairs(root: str | Path, hsk_dev: int = 300, seed: int = 1234) -> dict[str, list[Pair]]:
+    """The development parts the recipe carves, by name ("tatoeba", "hsk"), without building the mix."""
+    root = Path(root)
+    return {"tatoeba": read_tatoeba_dev(root), "hsk": split_hsk(read_hsk(root), hsk_dev, seed)[0]}
+
+
 def build(options: RecipeOptions) -> dict:
     root, output = Path(options.data), Path(options.output)
     if options.fetch:
@@ -244,13 +260,9 @@ def build(options: RecipeOptions) -> dict:
     held = held_out_texts(root)
     tatoeba = read_tatoeba(root) if "tatoeba" in options.sources else []
     hsk = read_hsk(root) if "hsk" in options.sources else []
-    # The HSK development pairs: a seeded hash order, so the same pairs every time, whatever the file's order.
-    hsk_sorted = sorted(hsk, key=lambda p: stable_rank(p.chinese, options.seed))
-    hsk_dev, hsk_train = hsk_sorted[: options.hsk_dev], hsk_sorted[options.hsk_dev :]
+    hsk_dev, hsk_train = split_hsk(hsk, options.hsk_dev, options.seed)
     held["hsk dev"] = {normalize(t) for p in hsk_dev for t in (p.english, p.chinese)}
-    tatoeba_dev = [
-        Pair(r[0], r[1], r[2] if len(r) > 2 else "", "tatoeba") for r in read_tsv(root / "tatoeba-en-zh/dev.tsv")
-    ]
+    tatoeba_dev = read_tatoeba_dev(root)
 
     characters = {c for p in (*tatoeba, *hsk_train) for c in p.chinese}
     by_source = {"tatoeba": tatoeba, "hsk": hsk_train}

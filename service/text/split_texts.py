@@ -89,8 +89,35 @@ def _joined(pieces: list[Piece], sentences: list[dict], target_language: str) ->
     result["alignment_note"] = notes[0] if notes else None
     if methods == {"agreement", "head"}:
         result["alignment_note"] = "some sentences' alignment is the head's one-best (see `sentences`)"
+    trusts = [sentence.get("trust") for sentence in sentences]
+    if sentences and all(trusts):
+        result["trust"] = _joined_trust(sentences)
     result["sentences"] = sentences
     return result
+
+
+def _joined_trust(sentences: list[dict]) -> dict[str, Any]:
+    """A text's trust from its sentences': the least trusted sentence's score, every flag with its word indices
+    moved onto the concatenated word lists, no signals (each sentence has its own)."""
+    scores = [sentence["trust"]["score"] for sentence in sentences]
+    weakest = min(range(len(scores)), key=scores.__getitem__)
+    flags = []
+    offsets = {"source": 0, "target": 0}
+    for sentence in sentences:
+        for flag in sentence["trust"]["flags"]:
+            offset = offsets[flag["side"]]
+            flags.append({**flag, "words": [w + offset for w in flag["words"]]})
+        offsets["source"] += len(sentence["source_words"])
+        offsets["target"] += len(sentence["target_words"])
+    trust = sentences[weakest]["trust"]
+    return {
+        "score": scores[weakest],
+        "flags": flags,
+        "signals": {},
+        "mode": trust["mode"],
+        "calibrated": trust["calibrated"],
+        "sentence": weakest,
+    }
 
 
 __all__ = ["assemble", "model_texts", "plan_texts", "text_pieces"]

@@ -1,0 +1,399 @@
+"""How far to believe a translation: signals, flags and a calibrated score per hypothesis.
+
+Signals are numbers the decode already has (the forward model's token log-probabilities, the alignment head's rows,
+the pieces) and, in the "full" mode, what the reverse model says when forced to write the source back from the
+translation (Junczys-Dowmunt 2018's dual conditional cross-entropy). The score is a logistic regression on them,
+fitted per model on labelled development translations (`python -m model.training.calibrate_trust`) and stored
+beside the checkpoint as trust.json; without one the score is the translation's geometric-mean token probability
+(exp of the length-normalised log-probability, HalOmi's most robust single detector) and says it is uncalibrated.
+
+Flags are typed findings about words: `omission` (a source word the alignment head hardly looked at, and in "full"
+the reverse model cannot recover from the translation), `addition` (a target word with little source support),
+`repetition` (a stretch repeated back to back that the source does not repeat), `untranslated` (source words
+copied through) and `truncated` (the length budget ended the hypothesis before </s>).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from model.tokenizer import is_lone_space, is_special_piece, word_groups
+
+TRUST_MODES = ("off", "fast", "full")
+DEFAULT_TRUST_MODE = "fast"
+CALIBRATION_NAME = "trust.json"
+FLAG_KINDS = ("omission", "addition", "repetition", "untranslated", "truncated")
+
+# The signals each mode computes; the calibration of a mode reads these (and the derived features below).
+FAST_SIGNALS = (
+    "forward_logprob",  # mean log-probability of the translation's tokens, </s> included (Seq-Logprob)
+    "forward_min_logprob",  # the least likely token's log-probability
+    "source_coverage",  # share of the source's words the alignment head gives at least COVERED mass
+    "target_support",  # mean over target words of the most alignment mass one source word gets from it
+    "repetition",  # share of the translation's pieces inside a back-to-back repeat the source does not have
+    "length_ratio",  # log(target pieces / source pieces)
+    "untranslated",  # share of the translation's words copied verbatim from the source
+    "truncated",  # 1 when the hypothesis ended without </s>
+)
+FULL_SIGNALS = (*FAST_SIGNALS, "reverse_logprob")  # the reverse model's mean log-probability of the source
+
+COVERED = 0.2  # column mass (target tokens' worth of attention) above which a source word counts as covered
+# An omission: a source word of content (not only the tokenizer's most frequent pieces) no target word links to,
+# which in "fast" the alignment head also hardly looks at (column mass below OMITTED) and which in "full" the
+# reverse model, forced to write the source back from the translation, finds unlikely (its pieces' mean
+# log-probability at most RECOVERED).
+OMITTED = 0.3
+RECOVERED = math.log(0.3)
+SUPPORTED = 0.3  # a target word giving no source word this much of its alignment mass is an addition candidate
+UNSUPPORTED_LOGPROB = math.log(0.1)  # … and only if the forward model was this unsure of it
+MIN_REPEATS = 3  # a piece repeated this many times back to back (a longer stretch: twice) is a repetition
+
+
+@dataclass
+class TrustFlag:
+    kind: str  # one of FLAG_KINDS
+    side: str  # "source" or "target": which sentence `words` index
+    words: list[int]  # word indices (Translation.source_words / target_words)
+    text: list[str]  # those words
+
+
+@dataclass
+class Trust:
+    score: float  # estimated probability that the translation is adequate, in [0, 1]
+    flags: list[TrustFlag]
+    signals: dict[str, float]
+    mode: str  # "fast" or "full"
+    calibrated: bool  # False: the score is the uncalibrated default (exp of forward_logprob)
+
+    def as_dict(self) -> dict:
+        return {
+            "score": self.score,
+            "flags": [asdict(flag) for flag in self.flags],
+            "signals": self.signals,
+            "mode": self.mode,
+            "calibrated": self.calibrated,
+        }
+
+
+# ---- signals ----------------------------------------------------------------------------------------
+def _content(word: str) -> bool:
+    return any(unicodedata.category(c)[0] in "LN" for c in word)
+
+
+def _folded(word: str) -> str:
+    return unicodedata.normalize("NFKC", word).casefold().strip()
+
+
+def _groups(tokens: list[str]) -> list[list[int]]:
+    """Word groups without special tokens or lone "▁" pieces."""
+    groups = []
+    for group in word_groups(tokens):
+        pieces = [i for i in group if not is_special_piece(tokens[i]) and not is_lone_space(tokens[i])]
+        groups.append(pieces)
+    return groups
+
+
+def tandem_repeats(pieces: list[str]) -> list[tuple[int, int]]:
+    """(start, end) piece spans that repeat back to back: one piece MIN_REPEATS times or more, a stretch of 2-8
+    pieces twice or more. Each span covers the repeats after the first."""
+    spans = []
+    count = len(pieces)
+    index = 0
+    while index < count:
+        found = None
+        for width in range(1, 9):
+            unit = pieces[index : index + width]
+            if len(unit) < width:
+                break
+            repeats = 1
+            while pieces[index + repeats * width : index + (repeats + 1) * width] == unit:
+                repeats += 1
+            if repeats >= (MIN_REPEATS if width == 1 else 2) and any(_content(p) for p in unit):
+                found = (index + width, index + repeats * width)
+                break
+        if found:
+            spans.append(found)
+            index = found[1]
+        else:
+            index += 1
+    return spans
+
+
+def _repeated_share(pieces: list[str]) -> tuple[float, list[tuple[int, int]]]:
+    spans = tandem_repeats(pieces)
+    covered = sum(end - start for start, end in spans)
+    return (covered / len(pieces) if pieces else 0.0), spans
+
+
+def _word_of_piece(groups: list[list[int]], count: int) -> list[int | None]:
+    owner: list[int | None] = [None] * count
+    for word, pieces in enumerate(groups):
+        for piece in pieces:
+            owner[piece] = word
+    return owner
+
+
+@dataclass
+class _Reading:
+    """What the signals and flags of one hypothesis are read from."""
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    token_logprobs: list[float]
+    rows: Tensor | None  # (T, S) alignment-head rows read as the model declares, or None
+    ended: bool  # the hypothesis ends with </s>
+    source_words: list[str]
+    target_words: list[str]
+    reverse_logprobs: list[float] | None = None  # the reverse model's, one per source piece (its own pieces)
+    reverse_pieces: list[str] | None = None
+    source_text: str = ""
+    frequent: frozenset[str] = frozenset()  # the source tokenizer's most frequent pieces: never omission candidates
+    linked_source: frozenset[int] = frozenset()  # source words some target word links to (word_alignment)
+
+
+def frequent_pieces(processor, count: int = 100) -> frozenset[str]:
+    """The `count` pieces a sentencepiece model scores most likely (function words: "▁the", "的", …)."""
+    scored = sorted(range(processor.GetPieceSize()), key=processor.GetScore, reverse=True)
+    return frozenset(processor.IdToPiece(i) for i in scored[:count])
+
+
+def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFlag]]:
+    source_groups = _groups(reading.source_tokens)
+    target_groups = _groups(reading.target_tokens)
+    logprobs = reading.token_logprobs or [0.0]
+    signals: dict[str, float] = {
+        "forward_logprob": sum(logprobs) / len(logprobs),
+        "forward_min_logprob": min(logprobs),
+    }
+    flags: list[TrustFlag] = []
+    source_content = [w for w, g in enumerate(source_groups) if g and _content(reading.source_words[w])]
+    target_content = [w for w, g in enumerate(target_groups) if g and _content(reading.target_words[w])]
+
+    # Alignment: source words' column mass, target words' mass on real source pieces.
+    column_mass: dict[int, float] = {}
+    support: dict[int, float] = {}
+    if reading.rows is not None and reading.rows.numel():
+        rows = reading.rows.float()
+        rows = rows / rows.sum(1, keepdim=True).clamp(min=1e-9)
+        target_rows = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
+        columns = rows[target_rows].sum(0) if target_rows else torch.zeros(rows.size(1))
+        for word in source_content:
+            column_mass[word] = float(columns[source_groups[word]].sum())
+        if source_content:
+            # (target tokens, source words): each source word's pieces summed
+            by_word = torch.stack([rows[:, source_groups[w]].sum(1) for w in source_content], dim=1)
+            for word in target_content:
+                support[word] = float(by_word[target_groups[word]].mean(0).max())
+    covered = [w for w in source_content if column_mass.get(w, 1.0) >= COVERED]
+    signals["source_coverage"] = len(covered) / len(source_content) if source_content else 1.0
+    signals["target_support"] = sum(support.values()) / len(support) if support else 1.0
+
+    target_pieces = [t for t in reading.target_tokens if not is_special_piece(t)]
+    source_pieces = [t for t in reading.source_tokens if not is_special_piece(t)]
+    repeated, spans = _repeated_share(target_pieces)
+    source_repeated, _ = _repeated_share(source_pieces)
+    signals["repetition"] = max(0.0, repeated - source_repeated)
+    signals["length_ratio"] = math.log(max(len(target_pieces), 1) / max(len(source_pieces), 1))
+
+    source_set = {_folded(reading.source_words[w]) for w in source_content}
+    copied = [
+        w
+        for w in target_content
+        if _folded(reading.target_words[w]) in source_set
+        and not _folded(reading.target_words[w]).isdigit()
+        and any(unicodedata.category(c)[0] == "L" for c in reading.target_words[w])
+    ]
+    signals["untranslated"] = len(copied) / len(target_content) if target_content else 0.0
+    signals["truncated"] = 0.0 if reading.ended else 1.0
+
+    # Flags.
+    recovered = _recovered_words(reading, source_groups) if reading.reverse_logprobs is not None else None
+    candidates = [
+        w
+        for w in source_content
+        if w not in reading.linked_source
+        and not all(reading.source_tokens[p] in reading.frequent for p in source_groups[w])
+    ]
+    if recovered is None:
+        omitted = [w for w in candidates if column_mass.get(w, 1.0) < OMITTED]
+    else:
+        omitted = [w for w in candidates if w not in recovered]
+    if omitted:
+        flags.append(TrustFlag("omission", "source", omitted, [reading.source_words[w] for w in omitted]))
+    token_logprob = dict(enumerate(reading.token_logprobs))
+    added = [
+        w
+        for w in target_content
+        if support.get(w, 1.0) < SUPPORTED
+        and min(token_logprob.get(p, 0.0) for p in target_groups[w]) < UNSUPPORTED_LOGPROB
+    ]
+    if added:
+        flags.append(TrustFlag("addition", "target", added, [reading.target_words[w] for w in added]))
+    if spans and signals["repetition"] > 0:
+        target_index = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
+        owner = _word_of_piece(target_groups, len(reading.target_tokens))
+        words = sorted({owner[target_index[p]] for s, e in spans for p in range(s, e)} - {None})
+        flags.append(TrustFlag("repetition", "target", words, [reading.target_words[w] for w in words]))
+    if target_content and len(copied) * 2 >= len(target_content) and len(source_content) >= 2:
+        flags.append(TrustFlag("untranslated", "target", copied, [reading.target_words[w] for w in copied]))
+    if not reading.ended:
+        last = [len(target_groups) - 1] if target_groups else []
+        flags.append(TrustFlag("truncated", "target", last, [reading.target_words[w] for w in last]))
+    return signals, flags
+
+
+def _recovered_words(reading: _Reading, source_groups: list[list[int]]) -> set[int]:
+    """Source words whose characters the reverse model, forced to write the source from the translation, finds
+    likely (mean log-probability of the reverse pieces overlapping the word above RECOVERED)."""
+    from model.agreement import piece_offsets
+
+    text = reading.source_text
+    forward_spans = piece_offsets(text, reading.source_tokens)
+    reverse_spans = piece_offsets(text, reading.reverse_pieces or [])
+    recovered = set()
+    for word, pieces in enumerate(source_groups):
+        spans = [forward_spans[p] for p in pieces if forward_spans[p][0] < forward_spans[p][1]]
+        if not spans:
+            continue
+        start, end = min(s for s, _ in spans), max(e for _, e in spans)
+        overlapping = [
+            reading.reverse_logprobs[i]
+            for i, (s, e) in enumerate(reverse_spans)
+            if s < end and start < e and i < len(reading.reverse_logprobs)
+        ]
+        if overlapping and sum(overlapping) / len(overlapping) > RECOVERED:
+            recovered.add(word)
+    return recovered
+
+
+# ---- calibration ------------------------------------------------------------------------------------
+def features(signals: dict[str, float], names: tuple[str, ...]) -> list[float]:
+    """The regression's inputs: the signals named, plus the squared length ratio (too short and too long are
+    both bad) and, with the reverse model, the gap between the two directions' log-probabilities."""
+    row = [float(signals[name]) for name in names]
+    row.append(float(signals["length_ratio"]) ** 2)
+    if "reverse_logprob" in names:
+        row.append(abs(float(signals["forward_logprob"]) - float(signals["reverse_logprob"])))
+    return row
+
+
+def feature_names(names: tuple[str, ...]) -> list[str]:
+    extra = ["length_ratio_squared"] + (["direction_gap"] if "reverse_logprob" in names else [])
+    return [*names, *extra]
+
+
+@dataclass
+class ModeCalibration:
+    """σ(bias + Σ weight · (feature − mean) / scale), fitted on labelled translations."""
+
+    signals: tuple[str, ...]
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    bias: float
+
+    def probability(self, signals: dict[str, float]) -> float:
+        row = features(signals, self.signals)
+        z = self.bias + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, row, self.mean, self.scale))
+        return 1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0)))
+
+
+@dataclass
+class Calibration:
+    modes: dict[str, ModeCalibration]
+    fitted_on: dict  # what it was fitted on: model digest, counts, labels, the command
+    mismatch: str | None = None  # why it does not apply to the weights loaded (then the default score is used)
+
+    def to_json(self) -> dict:
+        return {
+            "format": "attention-translate trust calibration 1",
+            "modes": {
+                mode: {
+                    "signals": list(c.signals),
+                    "features": feature_names(c.signals),
+                    "mean": c.mean,
+                    "scale": c.scale,
+                    "weights": c.weights,
+                    "bias": c.bias,
+                }
+                for mode, c in self.modes.items()
+            },
+            "fitted_on": self.fitted_on,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CALIBRATION_NAME
+        path.write_text(json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path, weights_digest: str | None = None) -> Calibration | None:
+        """trust.json of `directory`, or None; fitted on other weights than `weights_digest`: `mismatch` says so."""
+        path = Path(directory) / CALIBRATION_NAME
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        modes = {
+            mode: ModeCalibration(tuple(c["signals"]), c["mean"], c["scale"], c["weights"], float(c["bias"]))
+            for mode, c in data["modes"].items()
+        }
+        calibration = cls(modes, data.get("fitted_on", {}))
+        fitted = calibration.fitted_on.get("weights_digest")
+        if weights_digest is not None and fitted != weights_digest:
+            calibration.mismatch = (
+                f"{CALIBRATION_NAME} was fitted on weights {fitted}, not these ({weights_digest}): "
+                "refit it with python -m model.training.calibrate_trust"
+            )
+        return calibration
+
+
+def fit_mode(rows: list[dict[str, float]], labels: list[int], names: tuple[str, ...], l2: float = 1e-2):
+    """Logistic regression of labels (1 good, 0 bad) on the features of `rows`, L2-regularised, by L-BFGS."""
+    x = torch.tensor([features(r, names) for r in rows], dtype=torch.float64)
+    y = torch.tensor(labels, dtype=torch.float64)
+    mean = x.mean(0)
+    scale = x.std(0).clamp(min=1e-6)
+    z = (x - mean) / scale
+    weights = torch.zeros(z.size(1), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weights, bias], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ weights + bias, y) + l2 * weights.square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return ModeCalibration(names, mean.tolist(), scale.tolist(), weights.detach().tolist(), float(bias.detach()))
+
+
+def uncalibrated_score(signals: dict[str, float]) -> float:
+    """exp(mean token log-probability): the geometric-mean probability of the translation's tokens."""
+    return math.exp(signals["forward_logprob"])
+
+
+def roc_auc(scores: list[float], labels: list[int]) -> float:
+    """Probability that a random good item scores above a random bad one (ties count half)."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    ranks = [0.0] * len(scores)
+    index = 0
+    while index < len(order):
+        end = index
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[index]]:
+            end += 1
+        for k in range(index, end + 1):
+            ranks[order[k]] = (index + end) / 2 + 1
+        index = end + 1
+    good = [r for r, label in zip(ranks, labels) if label]
+    bad = len(labels) - len(good)
+    if not good or not bad:
+        return float("nan")
+    return (sum(good) - len(good) * (len(good) + 1) / 2) / (len(good) * bad)
