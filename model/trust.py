@@ -244,7 +244,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
     if target_content and len(copied) * 2 >= len(target_content) and len(source_content) >= 2:
         flags.append(TrustFlag("untranslated", "target", copied, [reading.target_words[w] for w in copied]))
     if not reading.ended:
-        last = [len(target_groups) - 1] if target_groups else []
+        last = [w for w, g in enumerate(target_groups) if g][-1:]  # the last word with text (not </s>)
         flags.append(TrustFlag("truncated", "target", last, [reading.target_words[w] for w in last]))
     return signals, flags
 

@@ -10,7 +10,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
-from service.compat.translation import request_fields, served_languages, text_list, translate_texts
+from service.compat.translation import (
+    request_fields,
+    served_languages,
+    text_list,
+    translate_texts,
+    trust_headers,
+    trust_mode,
+)
 from service.errors import InvalidParameterError, MissingParameterError, json_response
 from service.text.languages import name_of
 
@@ -56,6 +63,7 @@ def router(backend: BackendProvider) -> APIRouter:
         tag_handling = (_single(fields, "tag_handling") or "").lower()
         if tag_handling not in ("", "html", "xml"):
             raise InvalidParameterError(f"Value for 'tag_handling' not supported: {tag_handling}")
+        trust = trust_mode(request)
         results = await translate_texts(
             backend(request),
             texts,
@@ -63,6 +71,7 @@ def router(backend: BackendProvider) -> APIRouter:
             target,
             html=bool(tag_handling),
             split_sentences=(_single(fields, "split_sentences") or "1") != "0",
+            trust=trust,
         )
         translations = [
             {
@@ -72,7 +81,7 @@ def router(backend: BackendProvider) -> APIRouter:
             }
             for result, text in zip(results, texts)
         ]
-        return json_response({"translations": translations})
+        return json_response({"translations": translations}, headers=trust_headers(results, trust))
 
     @routes.api_route("/languages", methods=["GET", "POST"])
     async def languages(request: Request) -> Response:

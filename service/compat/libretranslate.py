@@ -23,6 +23,8 @@ from service.compat.translation import (
     targets_of,
     text_list,
     translate_texts,
+    trust_headers,
+    trust_mode,
 )
 from service.errors import InvalidParameterError, MissingParameterError, json_response
 from service.text.languages import name_of
@@ -77,8 +79,9 @@ def router(backend: BackendProvider) -> APIRouter:
         auto = source.lower() == "auto"
         html = text_format == "html"
         service = backend(request)
+        trust = trust_mode(request)
         results = await translate_texts(
-            service, texts, None if auto else source, target, alternatives=alternatives, html=html
+            service, texts, None if auto else source, target, alternatives=alternatives, html=html, trust=trust
         )
         body: dict[str, Any] = {"translatedText": [r.text for r in results] if is_list else results[0].text}
         if auto:
@@ -86,7 +89,7 @@ def router(backend: BackendProvider) -> APIRouter:
             body["detectedLanguage"] = detected if is_list else detected[0]
         if alternatives > 0:
             body["alternatives"] = [r.alternatives for r in results] if is_list else results[0].alternatives
-        return json_response(body)
+        return json_response(body, headers=trust_headers(results, trust))
 
     @routes.post("/detect")
     async def detect(request: Request) -> Response:

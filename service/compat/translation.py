@@ -41,6 +41,28 @@ class TextTranslation:
     source_lang: str  # the served code it was translated from (given, or detected)
     detection: Detection | None = None  # with source "auto"
     alternatives: list[str] = field(default_factory=list)
+    trust: float | None = None  # with a trust mode asked (TRUST_HEADER): its least trusted sentence's score
+
+
+# The compatibility routes' opt-in to trust: a request header naming the mode ("fast" or "full"), answered with a
+# response header of one score per text (comma-separated, empty for a blank or HTML text). Their bodies stay as
+# their clients expect.
+TRUST_HEADER = "X-Trust"
+TRUST_SCORE_HEADER = "X-Trust-Score"
+
+
+def trust_mode(request: Request) -> str:
+    """The mode the request's X-Trust header asks for ("off" without one); another value is refused."""
+    mode = request.headers.get(TRUST_HEADER, "off").strip().lower() or "off"
+    if mode not in ("off", "fast", "full"):
+        raise InvalidParameterError(f"{TRUST_HEADER} must be fast, full or off")
+    return mode
+
+
+def trust_headers(results: list[TextTranslation], mode: str) -> dict[str, str]:
+    if mode == "off":
+        return {}
+    return {TRUST_SCORE_HEADER: ",".join("" if r.trust is None else f"{r.trust:.4f}" for r in results)}
 
 
 async def request_fields(request: Request) -> dict[str, Any]:
@@ -148,6 +170,11 @@ class _Job:
     best: list[dict | None] = field(default_factory=list)  # per piece: the best translation object (alignments)
     alignment_method: str = "head"  # "agreement" for a block whose inline tags go by the alignment
 
+    def trust_score(self) -> float | None:
+        """The least trusted sentence's trust score (None without any: nothing decoded, or trust off)."""
+        scores = [outcome["trust"]["score"] for outcome in self.best if outcome and outcome.get("trust")]
+        return min(scores) if scores else None
+
     def joined(self, rank: int, target: str) -> str:
         """The unit's translation from each sentence's `rank`-th hypothesis (or its last one)."""
         return join(self.pieces, [options[min(rank, len(options) - 1)] for options in self.translations], target)
@@ -217,6 +244,7 @@ async def translate_texts(
     alternatives: int = 0,
     html: bool = False,
     split_sentences: bool = True,
+    trust: str = "off",
 ) -> list[TextTranslation]:
     """Translate client texts: source None detects each text's language among the served ones."""
     if not 0 <= alternatives <= MAX_ALTERNATIVES:
@@ -266,7 +294,7 @@ async def translate_texts(
                 pending.extend(node_jobs(entry, index, language, detection))
         plain_jobs.append(None)
         html_texts.append(entry)
-    await _translate_jobs(backend, pending, alternatives + 1)
+    await _translate_jobs(backend, pending, alternatives + 1, trust)
     retry: list[_Job] = []  # blocks whose tags could not be placed: their text nodes, translated apart
     for entry, language, detection in zip(html_texts, sources, detections):
         if entry is not None:
@@ -274,7 +302,7 @@ async def translate_texts(
                 del entry.block_jobs[block]
                 retry.extend(node_jobs(entry, block, language, detection))
     if retry:
-        await _translate_jobs(backend, retry, alternatives + 1)
+        await _translate_jobs(backend, retry, alternatives + 1, trust)
     results = []
     for plain_job, entry, language, detection in zip(plain_jobs, html_texts, sources, detections):
         if entry is not None:  # as LibreTranslate: no alternatives for HTML
@@ -287,11 +315,11 @@ async def translate_texts(
             candidate = plain_job.joined(rank, target_code)
             if candidate != best and candidate not in others:
                 others.append(candidate)
-        results.append(TextTranslation(best, language, detection, others))
+        results.append(TextTranslation(best, language, detection, others, plain_job.trust_score()))
     return results
 
 
-async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best: int) -> None:
+async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best: int, trust: str = "off") -> None:
     """All sentences for one model leave as one TranslateCall (two: those of blocks whose tags go by the agreed
     alignment, and the rest); the calls run concurrently."""
     # /v1/translate's default beam, so that a sentence gets the same translation on both APIs
@@ -308,7 +336,11 @@ async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best:
         model, method = model_and_method
         sentences = [job.pieces[index].sentence for job, index in places]
         call = TranslateCall(
-            texts=sentences, options=options, max_text_chars=COMPAT_MAX_TEXT_CHARS, alignment_method=method
+            texts=sentences,
+            options=options,
+            max_text_chars=COMPAT_MAX_TEXT_CHARS,
+            alignment_method=method,
+            trust=trust,
         )
         outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):
@@ -323,6 +355,8 @@ __all__ = [
     "COMPAT_MAX_TEXTS",
     "COMPAT_MAX_TOTAL_CHARS",
     "MAX_ALTERNATIVES",
+    "TRUST_HEADER",
+    "TRUST_SCORE_HEADER",
     "TextTranslation",
     "detect_texts",
     "request_fields",
@@ -332,4 +366,6 @@ __all__ = [
     "targets_of",
     "text_list",
     "translate_texts",
+    "trust_headers",
+    "trust_mode",
 ]

@@ -9,7 +9,6 @@ import { $, el, fixed, percent } from "./dom.js";
 import { t } from "./i18n.js";
 import { languages, setStatus, state } from "./state.js";
 
-export const LOW_SHARE = 0.5; // a token under this share of source came mostly from the target prefix
 const SHARE_METHOD = "alti_plus";
 
 let controller = new AbortController(); // of the explanation on screen's requests
@@ -71,7 +70,8 @@ function setText(node, key) {
 
 /**
  * Per target token of `view` (pieces or words), its source share: ALTI+'s source_share, a word's the mean of
- * its pieces' (as its heatmap row is the mean of theirs). One button per token, marked when under LOW_SHARE.
+ * its pieces' (as its heatmap row is the mean of theirs). One button per token. No token is marked as suspect:
+ * on this service's own wrong translations a low share did not tell them from right ones (the trust block does).
  */
 export function renderSourceShare(view) {
   const list = $("#source-share");
@@ -91,7 +91,6 @@ export function renderSourceShare(view) {
   list.replaceChildren(
     ...view.target.map((token, index) => {
       const share = shares[index];
-      const low = share < LOW_SHARE;
       const values = { token: token.raw, share: percent(share), prefix: percent(Math.max(0, 1 - share)) };
       return el(
         "li",
@@ -100,22 +99,20 @@ export function renderSourceShare(view) {
           "button",
           {
             type: "button",
-            class: `conf-token share-token tok-target${low ? " low-share" : ""}`,
+            class: "conf-token share-token tok-target",
             "data-t": index,
             "data-share": share,
-            "data-low": low ? "true" : null,
             "aria-pressed": "false",
-            "data-tip": t(low ? "share_tip_low" : "share_tip", values),
+            "data-tip": t("share_tip", values),
             lang: targetLang,
           },
           el("span", { class: `tok-label${token.special ? " special" : ""}` }, token.label),
           el("span", { class: "conf-bar", style: { "--p": Math.min(1, Math.max(0, share)).toFixed(4) } }),
-          el("span", { class: "conf-value num" }, low ? `⚑ ${percent(share)}` : percent(share)),
+          el("span", { class: "conf-value num" }, percent(share)),
         ),
       );
     }),
   );
   const mean = pieceShares.length ? pieceShares.reduce((a, b) => a + b, 0) / pieceShares.length : 0;
-  const count = shares.filter((share) => share < LOW_SHARE).length;
-  summary.textContent = t("share_summary", { mean: fixed(mean, 3), count, total: shares.length });
+  summary.textContent = t("share_summary", { mean: fixed(mean, 3), total: shares.length });
 }

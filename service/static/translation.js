@@ -64,6 +64,54 @@ export function beamSettings() {
   return { beamSize, nBest };
 }
 
+/** The trust block: the score, its findings, and both sentences' words with the flagged ones marked. */
+export function renderTrust(translation) {
+  const block = $("#trust-block");
+  const trust = translation?.trust;
+  block.hidden = !trust;
+  if (!trust) return;
+  const { sourceLang, targetLang } = languages();
+  $("#trust-score").textContent = percent(trust.score);
+  $("#trust-score").dataset.score = String(trust.score);
+  $("#trust-note").textContent = t(trust.calibrated ? "trust_calibrated" : "trust_uncalibrated", { mode: trust.mode });
+  const flags = trust.flags ?? [];
+  $("#trust-flags").replaceChildren(
+    ...(flags.length
+      ? flags.map((flag) =>
+          el(
+            "li",
+            { class: `trust-flag flag-${flag.kind}`, "data-kind": flag.kind },
+            el("strong", {}, t(`flag_${flag.kind}`)),
+            " ",
+            el("span", { lang: flag.side === "source" ? sourceLang : targetLang }, flag.text.join(" ")),
+          ),
+        )
+      : [el("li", { class: "trust-flag none" }, t("trust_none"))]),
+  );
+  for (const [side, id, words, lang] of [
+    ["source", "#trust-source", translation.source_words ?? [], sourceLang],
+    ["target", "#trust-target", translation.target_words ?? [], targetLang],
+  ]) {
+    const kinds = new Map();
+    for (const flag of flags) {
+      if (flag.side !== side) continue;
+      for (const index of flag.words) kinds.set(index, [...(kinds.get(index) ?? []), flag.kind]);
+    }
+    const container = $(id);
+    container.lang = lang;
+    container.replaceChildren(
+      ...words.flatMap((word, index) => {
+          if (word === "</s>") return [];
+          const marked = kinds.get(index);
+          const node = marked
+            ? el("mark", { class: `flagged ${marked.map((k) => `flag-${k}`).join(" ")}`, "data-w": index, "data-flags": marked.join(" ") }, word)
+            : el("span", { "data-w": index }, word);
+          return /[\u3000-\u9fff\uff00-\uffef]/.test(word) ? [node] : [node, " "]; // Chinese runs on without spaces
+        }),
+    );
+  }
+}
+
 export function renderTranslation() {
   const e = state.explanation;
   const tr = state.translation;
@@ -74,6 +122,7 @@ export function renderTranslation() {
   const score = tr?.score ?? scores.reduce((a, b) => a + b, 0);
   $("#translation-score").textContent = fixed(score, 3);
   $("#translation-model").textContent = e.model ?? tr?.model ?? "";
+  renderTrust(tr);
   $("#permalink").href = `#explanation=${encodeURIComponent(state.explanationId ?? "")}`;
   $("#alternatives-block").hidden = state.nbest.length < 2;
   $("#alternatives").replaceChildren(

@@ -106,6 +106,23 @@ def test_scores_and_flags_reach_the_metrics(service_url):
     assert count() - before == 3
 
 
-def test_the_libretranslate_route_answers_as_before(service_url):
-    response = httpx.post(f"{service_url}/translate", json={"q": "Hello.", "source": "en", "target": "zh"}, timeout=60)
-    assert response.status_code == 200 and set(response.json()) == {"translatedText"}
+def test_the_compatibility_routes_answer_as_before_and_give_scores_on_request(service_url):
+    body = {"q": ["Hello.", "The cat sat on the mat."], "source": "en", "target": "zh"}
+    plain = httpx.post(f"{service_url}/translate", json=body, timeout=60)
+    assert plain.status_code == 200 and set(plain.json()) == {"translatedText"}
+    assert "x-trust-score" not in plain.headers
+    asked = httpx.post(f"{service_url}/translate", json=body, headers={"X-Trust": "fast"}, timeout=60)
+    assert asked.json() == plain.json()  # the body its clients read is unchanged
+    scores = [float(x) for x in asked.headers["x-trust-score"].split(",")]
+    expected = translate(service_url, {**EN_ZH, "texts": body["q"]}).json()["translations"]
+    assert scores == pytest.approx([t["trust"]["score"] for t in expected], abs=1e-3)
+    deepl = httpx.post(
+        f"{service_url}/v2/translate",
+        data={"text": ["Hello.", "Yes."], "target_lang": "ZH", "source_lang": "EN"},
+        headers={"X-Trust": "full"},
+        timeout=60,
+    )
+    assert deepl.status_code == 200, deepl.text
+    assert len(deepl.headers["x-trust-score"].split(",")) == 2
+    refused = httpx.post(f"{service_url}/translate", json=body, headers={"X-Trust": "maybe"}, timeout=60)
+    assert refused.status_code == 400 and "X-Trust" in refused.json()["error"]
