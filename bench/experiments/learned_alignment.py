@@ -1,6 +1,6 @@
 """A learned alignment layer over both shipped models' states, supervised by eflomal's links: measured, not served.
 
-Issue #31 asked whether alignments could reach eflomal's from the models themselves. This trains a small
+Can alignments learned from the models themselves reach eflomal's? This trains a small
 attention layer per direction on top of the frozen models: its queries are the translating model's decoder states
 at the step where each target piece is the input (layers 1 and 2) beside the reverse model's encoder states over
 the same text; its keys the translating model's encoder states beside the reverse model's decoder states over the
