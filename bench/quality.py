@@ -12,6 +12,7 @@ beside the best public OPUS-MT model's published BLEU where one exists.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--models", nargs="*", default=["en-zh", "zh-en"], help="NAME or NAME=DIRECTORY")
     parser.add_argument("--baseline", nargs="*", default=[], help="NAME=DIRECTORY: scored beside, as `before`")
+    parser.add_argument(
+        "--baseline-from", help="an earlier report of this benchmark whose models' scores stand beside as `before`"
+    )
     parser.add_argument("--sets", nargs="*", default=list(SETS), choices=SETS)
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--output")
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"command": " ".join(["python -m bench.quality", *sys.argv[1:]]), "beam_size": args.beam_size}
     models = dict(item.split("=", 1) if "=" in item else (item, item) for item in args.models)
     baselines = dict(item.split("=", 1) for item in args.baseline)
+    earlier = json.loads(Path(args.baseline_from).read_text()) if args.baseline_from else {"models": {}}
     report["models"] = {}
     for name, path in models.items():
         model = Translator.from_pretrained(path)
@@ -97,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             before = Translator.from_pretrained(baselines[name])
             entry["baseline"] = {"path": baselines[name], "weights_digest": before.weights_digest}
             entry["baseline"]["scores"] = score_model(before, name, args.data, args.sets, args.beam_size)
+        elif name in earlier["models"]:
+            old = earlier["models"][name]
+            entry["baseline"] = {"path": old["path"], "weights_digest": old["weights_digest"], "scores": old["scores"]}
+            entry["baseline"]["report"] = earlier["command"]
         entry["opus_mt_bleu"] = {s: OPUS_MT[(name, s)] for s in args.sets if (name, s) in OPUS_MT}
         report["models"][name] = entry
     report["machine"] = machine()

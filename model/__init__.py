@@ -1,6 +1,13 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
-from model.agreement import ALIGNMENT_METHODS, AgreedAlignment, AlignmentRows, agreed_alignment
+from model.agreement import (
+    ALIGNMENT_METHODS,
+    DEFAULT_ALIGNMENT,
+    AgreedAlignment,
+    AlignmentMethod,
+    AlignmentRows,
+    agreed_alignment,
+)
 from model.attribution import DEFAULT_STEPS as ATTRIBUTION_DEFAULT_STEPS
 from model.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
 from model.attribution import METHODS as ATTRIBUTION_METHODS
@@ -23,6 +30,8 @@ from model.trust import DEFAULT_TRUST_MODE, FLAG_KINDS, TRUST_MODES, Trust, Trus
 
 __all__ = [
     "ALIGNMENT_METHODS",
+    "DEFAULT_ALIGNMENT",
+    "AlignmentMethod",
     "AgreedAlignment",
     "AlignmentRows",
     "agreed_alignment",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.agreement import AlignmentRows, agreed_alignment
+from model.agreement import AlignmentChoice, AlignmentItem, AlignmentMethod, AlignmentRows, agreed_alignment
 from model.alignment import alignment_matrix, attention_links, shift_rows
 from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
@@ -89,7 +89,7 @@ class Translation:
     target_words: list[str]
     cross_attention: Tensor | None = None  # (layers, heads, T, S)
     alternatives: list[Translation] = field(default_factory=list)
-    alignment_method: str = "head"  # "head": one link per target token; "agreement": see model.agreement
+    alignment_method: AlignmentMethod = AlignmentMethod.HEAD  # one link per target token; AGREEMENT: model.agreement
     alignment_note: str | None = None  # why "agreement" was asked for and "head" given
     # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
     alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
@@ -165,7 +165,7 @@ class Explanation:
     cross_attention: Tensor  # (decoder_layers, heads, T, S)
     encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
     alignment_shift: bool = False  # alignments read at the step where each target token is the decoder's input
-    alignment_method: str = "head"  # as Translation's
+    alignment_method: AlignmentMethod = AlignmentMethod.HEAD  # as Translation's
     alignment_note: str | None = None
 
 
@@ -371,6 +371,7 @@ class Translator:
         *,
         return_attention: bool = False,
         reverse: Translator | None = None,
+        source_ids: list[list[int]] | None = None,
         **settings,
     ) -> list[Translation]:
         """Translate texts with `options` (or its fields by keyword, as `generate`).
@@ -379,9 +380,13 @@ class Translator:
         head's attention is captured and returned only when return_attention is true. A blank text
         translates to "" without running the model. With `reverse` (a model translating the other way)
         the alignments are its and this model's agreed ones (`agreed_alignment`), else the head's one-best.
+        `source_ids`: the texts' `encode_source` ids where the caller already has them (not encoded again).
         """
         options = decoding_options(options, settings)
-        source_ids = self.encode_source(texts)
+        if source_ids is None:
+            source_ids = self.encode_source(texts)
+        elif len(source_ids) != len(texts):
+            raise InvalidInputError(f"{len(source_ids)} source id lists for {len(texts)} texts")
         blank = [not text.strip() for text in texts]
         nbest_of_text = self.generate(
             [ids for ids, empty in zip(source_ids, blank, strict=True) if not empty],
@@ -519,7 +524,10 @@ class Translator:
         the inline attention does); the reverse model's forced decodes for all of them share batches."""
         hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
         agreed = self._agreements(
-            [(h.source_ids, h.target_ids, h.alignment, h.word_alignment, h.alignment_rows) for h in hypotheses],
+            [
+                AlignmentItem(h.source_ids, h.target_ids, h.alignment, h.word_alignment, h.alignment_rows)
+                for h in hypotheses
+            ],
             reverse,
         )
         by_hypothesis = {id(h): links for h, links in zip(hypotheses, agreed, strict=True)}
@@ -527,13 +535,13 @@ class Translator:
         def rebuilt(translation: Translation) -> Translation:
             if id(translation) not in by_hypothesis:  # a blank text: nothing was decoded, nothing to align
                 return translation
-            pairs, words, method, note = by_hypothesis[id(translation)]
+            choice = by_hypothesis[id(translation)]
             return replace(
                 translation,
-                alignment=pairs,
-                word_alignment=words,
-                alignment_method=method,
-                alignment_note=note,
+                alignment=choice.token_links,
+                word_alignment=choice.word_links,
+                alignment_method=choice.method,
+                alignment_note=choice.note,
                 alternatives=[rebuilt(alternative) for alternative in translation.alternatives],
             )
 
@@ -661,41 +669,43 @@ class Translator:
     def _read_rows(self, matrix: Tensor) -> Tensor:
         return shift_rows(matrix) if self.alignment_shift else matrix
 
-    def _agreements(
-        self,
-        items: list[tuple[list[int], list[int], list[tuple[int, int]], list[tuple[int, int]], Tensor | None]],
-        reverse: Translator | None,
-    ) -> list[tuple[list[tuple[int, int]], list[tuple[int, int]], str, str | None]]:
-        """(token links, word links, method, note) per item (source ids, target ids, the head's token links, its
-        word links, this model's rows over the pair or None): the alignment agreed with `reverse`, or the head's
-        one-best given (without `reverse`, or where the reverse model cannot read the pair: the note says why).
+    def _agreements(self, items: list[AlignmentItem], reverse: Translator | None) -> list[AlignmentChoice]:
+        """Per item, the alignment agreed with `reverse`, or the head's one-best given (without `reverse`, or where
+        the reverse model cannot read the pair: the note says why).
 
         Rows not given come from forced decodes of the exact model, as an explanation recomputes them; the
         reverse model's always do, in shared batches. So a link whose product lies within float rounding (or,
         under int8 decoding, quantization error) of the threshold can differ between an answer and a later fetch."""
-        results: list = [None] * len(items)
+        results: list[AlignmentChoice | None] = [None] * len(items)
         wanted: list[int] = []
         backward: list[tuple[list[int], list[int]]] = []
-        texts = [(self.tokenizer.source_text(item[0]), self.tokenizer.detokenize(item[1])) for item in items]
+        texts = [
+            (self.tokenizer.source_text(item.source_ids), self.tokenizer.detokenize(item.target_ids)) for item in items
+        ]
+
+        def head(item: AlignmentItem, note: str | None = None) -> AlignmentChoice:
+            return AlignmentChoice(item.token_links, item.word_links, AlignmentMethod.HEAD, note)
+
         for index, (item, (source_text, translation)) in enumerate(zip(items, texts, strict=True)):
-            head = (item[2], item[3])
             if reverse is None:
-                results[index] = (*head, "head", None)
+                results[index] = head(item)
             elif not source_text.strip() or not translation.strip():
-                results[index] = (*head, "head", "nothing to agree on: the source or the translation is empty")
+                results[index] = head(item, "nothing to agree on: the source or the translation is empty")
             else:
                 try:
                     backward.append(reverse._pair_ids(translation, source_text))
                 except InputTooLongError:
-                    results[index] = (*head, "head", f"the pair is too long for the reverse model {reverse.name}")
+                    results[index] = head(item, f"the pair is too long for the reverse model {reverse.name}")
                     continue
                 wanted.append(index)
         if wanted:
-            forward_rows = self._forced_rows([items[i][:2] for i in wanted], [items[i][4] for i in wanted])
+            forward_rows = self._forced_rows(
+                [(items[i].source_ids, items[i].target_ids) for i in wanted], [items[i].rows for i in wanted]
+            )
             reverse_rows = reverse._forced_rows(backward)
             for index, forward, back in zip(wanted, forward_rows, reverse_rows, strict=True):
                 agreed = agreed_alignment(forward, back, *texts[index])
-                results[index] = (agreed.token_links, agreed.word_links, "agreement", None)
+                results[index] = AlignmentChoice(agreed.token_links, agreed.word_links, AlignmentMethod.AGREEMENT)
         return results
 
     def force(self, source: str, target: str) -> Translation:
@@ -729,7 +739,9 @@ class Translator:
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
         pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        (agreed,) = self._agreements([(list(source_ids), list(target_ids), pairs, words[0], matrix)], reverse)
+        (agreed,) = self._agreements(
+            [AlignmentItem(list(source_ids), list(target_ids), pairs, words[0], matrix)], reverse
+        )
         return Explanation(
             source_ids=list(source_ids),
             target_ids=list(target_ids),
@@ -738,16 +750,16 @@ class Translator:
             source_text=self.tokenizer.source_text(source_ids),
             text=self.tokenizer.detokenize(target_ids),
             token_logprobs=decoded.token_logprobs,
-            alignment=agreed[0],
-            word_alignment=agreed[1],
+            alignment=agreed.token_links,
+            word_alignment=agreed.word_links,
             source_words=words[1],
             target_words=words[2],
             alignment_head=self.alignment_head,
             alignment_shift=self.alignment_shift,
             cross_attention=decoded.cross_attention,
             encoder_self_attention=decoded.encoder_self_attention,
-            alignment_method=agreed[2],
-            alignment_note=agreed[3],
+            alignment_method=agreed.method,
+            alignment_note=agreed.note,
         )
 
     def attribute(

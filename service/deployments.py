@@ -14,7 +14,16 @@ from typing import Any
 
 from ray import serve
 
-from model import DecodingOptions, InputTooLongError, StreamedToken, Translation, Translator, TranslatorError
+from model import (
+    DEFAULT_ALIGNMENT,
+    AlignmentMethod,
+    DecodingOptions,
+    InputTooLongError,
+    StreamedToken,
+    Translation,
+    Translator,
+    TranslatorError,
+)
 from service.batching import BatchQueue
 from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
@@ -40,8 +49,9 @@ class BatchItem:
     text: str
     options: DecodingOptions
     attention: str  # "none" | "summary" | "full": only changes what is returned
-    alignment_method: str = "head"  # "agreement": realigned with the reverse model after the shared decode
+    alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: realigned after the decode
     trust: str = "off"  # "fast" | "full": assessed after the shared decode (model.trust)
+    source_ids: list[int] | None = None  # the text's ids, encoded once when the request arrived
 
 
 @serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
@@ -172,7 +182,8 @@ class TranslatorDeployment:
             decodes = [self._decode_continuously(text, options, attention, method, trust) for text in texts]
         else:
             decodes = [
-                self.batches.submit(BatchItem(text, options, attention, method, trust), options) for text in texts
+                self.batches.submit(BatchItem(text, options, attention, method, trust, ids), options)
+                for text, ids in zip(texts, source_ids, strict=True)
             ]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
@@ -290,7 +301,7 @@ class TranslatorDeployment:
         """Each translation with the alignment its `method` asks for: decodes share batches whatever their method,
         and "agreement" is computed afterwards for those that ask, the reverse model's forced decodes of all of
         them sharing batches (Translator.with_agreements)."""
-        wanted = [i for i, method in enumerate(methods) if method == "agreement"]
+        wanted = [i for i, method in enumerate(methods) if method == AlignmentMethod.AGREEMENT]
         if not wanted:
             return translations
         results = list(translations)
@@ -343,6 +354,7 @@ class TranslatorDeployment:
                 [item.text for item in items],
                 options,
                 return_attention=any(item.attention != "none" for item in items),
+                source_ids=[item.source_ids for item in items] if all(item.source_ids for item in items) else None,
             )
             translations = self._aligned_all(translations, [item.alignment_method for item in items])
             self._assessed_all(translations, [item.trust for item in items], options)
@@ -383,7 +395,11 @@ class TranslatorDeployment:
 
     # ---- explanations --------------------------------------------------------------------
     async def explanation(
-        self, weights_digest: str, source_ids: list[int], target_ids: list[int], alignment_method: str = "head"
+        self,
+        weights_digest: str,
+        source_ids: list[int],
+        target_ids: list[int],
+        alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["explanation"],
     ) -> dict | Rejected:
         """Recompute a translation's maps, and its alignment by `alignment_method`, by forced decoding
         (GET /v1/explanations/{id})."""
@@ -407,7 +423,7 @@ class TranslatorDeployment:
     def _forced_decode_json(self, source_ids: list[int], target_ids: list[int], kind: str, method: str) -> dict:
         """The explanation object with the alignment `method` asks for; with kind "explain" also the encoder
         self-attention."""
-        reverse = self.reverse if method == "agreement" else None
+        reverse = self.reverse if method == AlignmentMethod.AGREEMENT else None
         explained = self.translator.explain(
             source_ids, target_ids, encoder_attention=kind == "explain", reverse=reverse
         )
@@ -417,7 +433,7 @@ class TranslatorDeployment:
         result = explanation_json(
             explained, self.spec.id, self._explanation_id(source_ids, target_ids, explained.alignment_method)
         )
-        if method == "agreement" and reverse is None:
+        if method == AlignmentMethod.AGREEMENT and reverse is None:
             result["alignment_note"] = self.no_reverse_note
         return result
 
@@ -429,9 +445,10 @@ class TranslatorDeployment:
 
     async def _explain(self, source: str, target: str | None, beam_size: int, view: ExplainView) -> dict:
         source_ids = self.translator.encode_source([source])[0]
-        if target is None:
-            own = await self._translate(TranslateCall([source], DecodingOptions(beam_size=beam_size)))  # head: cheap
-            target_ids = list(decode_explanation_id(own[0]["explanation_id"], self.secret).target_ids)
+        if target is None:  # the model's own translation: its ids straight from the decode (head alignment: cheap)
+            options = DecodingOptions(beam_size=beam_size)
+            (own,) = await asyncio.to_thread(self.translator.translate, [source], options)
+            target_ids = list(own.target_ids)
         else:
             target_ids = self.translator.tokenizer.encode_target(target)
             limit = self.translator.config.max_position_embeddings
@@ -445,7 +462,7 @@ class TranslatorDeployment:
         source_ids: list[int],
         target_ids: list[int],
         view: ExplainView,
-        alignment_method: str = "head",
+        alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["explanation"],
     ) -> dict | Rejected:
         """POST /v1/explain of an explanation id: exactly the tokens the model decoded, aligned as the id says
         unless the view asks for another method."""
@@ -463,7 +480,8 @@ class TranslatorDeployment:
         if view.method != "attention":  # first: a pair too long for attributions answers 413 before any other work
             attributions = self.translator.attribute(source_ids, target_ids, view.method, view.steps)
             self.metrics.forced_decodes.labels(self.spec.id, view.method).inc()
-        result = self._forced_decode_json(source_ids, target_ids, "explain", view.alignment_method or "agreement")
+        method = view.alignment_method or DEFAULT_ALIGNMENT["explain"]
+        result = self._forced_decode_json(source_ids, target_ids, "explain", method)
         steps = self.translator.attention_steps(source_ids, target_ids, view.kind, view.layer, view.head, view.position)
         result["steps"] = steps_json(steps)
         if attributions is not None:

@@ -12,8 +12,10 @@ import hmac
 import re
 from dataclasses import dataclass
 
+from model import AlignmentMethod
+
 FORMAT_VERSION = 2  # 2 added the alignment method; version 1 ids (no method) were made with the head's one-best
-ALIGNMENT_METHOD_CODES = {"head": 0, "agreement": 1}
+ALIGNMENT_METHOD_CODES = {AlignmentMethod.HEAD: 0, AlignmentMethod.AGREEMENT: 1}
 TAG_BYTES = 12
 DIGEST_BYTES = 8  # the 16 hex characters of Translator.weights_digest
 MAX_ID_CHARS = 8192
@@ -35,7 +37,7 @@ class ExplanationKey:
     weights_digest: str  # 16 hex characters
     source_ids: tuple[int, ...]
     target_ids: tuple[int, ...]
-    alignment_method: str = "head"  # the alignment the explanation was given with (model.ALIGNMENT_METHODS)
+    alignment_method: AlignmentMethod = AlignmentMethod.HEAD  # the alignment the explanation was given with
 
 
 def _write_varint(value: int, out: bytearray) -> None:
@@ -133,7 +135,7 @@ def decode_explanation_id(explanation_id: str, secret: bytes) -> ExplanationKey:
         raise ExplanationNotFoundError("no explanation with this id") from None
     digest = reader.take(DIGEST_BYTES).hex()
     source_ids, target_ids = reader.ids(), reader.ids()
-    method = "head"
+    method = AlignmentMethod.HEAD
     if version >= 2:
         code = reader.byte()
         method = next((name for name, value in ALIGNMENT_METHOD_CODES.items() if value == code), None)

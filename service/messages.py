@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model import DecodingOptions
+from model import DEFAULT_ALIGNMENT, AlignmentMethod, DecodingOptions
 from service.schemas import V1_MAX_TEXT_CHARS
 
 
@@ -19,7 +19,7 @@ class TranslateCall:
     attention: str = "none"  # "none" | "summary" | "full": only changes what is returned
     source_share: bool = False  # add ALTI+'s token_source_shares and source_share to each translation
     max_text_chars: int = V1_MAX_TEXT_CHARS  # the asking route's character limit, quoted when a text is too long
-    alignment_method: str = "head"  # or "agreement" (schemas.AlignmentMethod)
+    alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]
     trust: str = "off"  # "fast" | "full": each hypothesis carries `trust` (schemas.TrustMode; model.trust)
 
 
@@ -33,7 +33,7 @@ class ExplainView:
     position: int
     method: str = "attention"  # or an attribution method (schemas.ExplainMethod), whose attributions are added
     steps: int | None = None  # integrated gradients' steps
-    alignment_method: str | None = None  # schemas.AlignmentMethod; None: the id's method, else "agreement"
+    alignment_method: AlignmentMethod | None = None  # None: the id's method, else DEFAULT_ALIGNMENT["explain"]
 
 
 @dataclass

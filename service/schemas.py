@@ -14,6 +14,7 @@ from model import (
     ATTRIBUTION_DEFAULT_STEPS,
     ATTRIBUTION_MAX_STEPS,
     ATTRIBUTION_METHODS,
+    DEFAULT_ALIGNMENT,
     DEFAULT_TRUST_MODE,
     FLAG_KINDS,
     TRUST_MODES,
@@ -98,10 +99,10 @@ class TranslateRequest(ModelChoice):
         False,
         description="true: each translation also carries `token_source_shares` and `source_share`: how much of "
         "each target token came from the source rather than from the target prefix (ALTI+, Ferrando et al. "
-        "2022). A low share flags tokens the model made up (a hallucination signal); costs one more pass.",
+        "2022): how a token was made, not whether it is right (`trust` is that); costs one more pass.",
     )
     alignment_method: AlignmentMethod = Field(
-        "head",
+        DEFAULT_ALIGNMENT["translate"].value,
         description=ALIGNMENT_METHOD_HELP + ' Default "head" here: "agreement" costs a forced decode of the reverse '
         "model per hypothesis (the texts of a batch share it: +34–39 % CPU per text under float32 decoding, +98–170 % "
         "under int8, for the shipped models; docs/rest-api.md). The explanation_id remembers the method given.",

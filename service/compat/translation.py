@@ -14,7 +14,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from model import DecodingOptions
+from model import DEFAULT_ALIGNMENT, AlignmentMethod, DecodingOptions
 from service.compat.backend import TranslationBackend
 from service.errors import InvalidParameterError, UnsupportedLanguageError
 from service.messages import TranslateCall
@@ -168,7 +168,7 @@ class _Job:
     pieces: list[Piece]
     translations: list[list[str]] = field(default_factory=list)  # per piece: best first, then alternatives
     best: list[dict | None] = field(default_factory=list)  # per piece: the best translation object (alignments)
-    alignment_method: str = "head"  # "agreement" for a block whose inline tags go by the alignment
+    alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: a block whose tags go by it
 
     def trust_score(self) -> float | None:
         """The least trusted sentence's trust score (None without any: nothing decoded, or trust off)."""
@@ -285,7 +285,7 @@ async def translate_texts(
         for index, block in enumerate(markup.blocks):
             block_job = job(block.text, language, detection) if block.elements and block.flat else None
             if block_job is not None:  # its tags are placed by the alignment: the better one, where served
-                block_job.alignment_method = "agreement"
+                block_job.alignment_method = AlignmentMethod.AGREEMENT
             elements = _sentence_elements(block, block_job.pieces) if block_job is not None else None
             if block_job is not None and elements is not None:
                 entry.block_jobs[index] = (block_job, elements)
