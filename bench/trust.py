@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench import machine, write_report
+from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.training.trust_data import CATEGORIES, labelled_sources, translate_and_label
 from model.translator import Translator
@@ -38,7 +39,20 @@ ORIENTATION = {
     "untranslated": -1,
     "truncated": -1,
     "reverse_logprob": 1,
+    "alti_source_share": 1,
 }
+
+
+def add_source_shares(model: Translator, items: list) -> None:
+    """ALTI+'s mean source share of each translation (what the viewer once marked as "a sign of hallucination"),
+    as one more signal alone: is it one here?"""
+    for item in items:
+        source_ids, target_ids = item.ids
+        try:
+            shares = model.attribute(source_ids, target_ids, "alti_plus").source_share.tolist()
+        except InputTooLongError:  # past the attributions' token limit: ranked at chance
+            shares = [0.5]
+        item.signals["alti_source_share"] = sum(shares) / len(shares) if shares else 0.5
 
 
 def signal_score(signals: dict, name: str) -> float:
@@ -96,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         source_language, target_language = name.split("-")
         items = labelled_sources(args.data, source_language, target_language, model, "test")
         timing = translate_and_label(items, model, reverse, target_language)
+        add_source_shares(model, items)
         fast = model.calibration.modes["fast"] if model.calibration and not model.calibration.mismatch else None
         full = model.calibration.modes["full"] if model.calibration and not model.calibration.mismatch else None
         scorers = {
             "trust.score (fast)": (lambda s, c=fast: c.probability(s)) if fast else None,
             "trust.score (full)": (lambda s, c=full: c.probability(s)) if full else None,
-            **{name_: (lambda s, n=name_: signal_score(s, n)) for name_ in FULL_SIGNALS},
+            **{name_: (lambda s, n=name_: signal_score(s, n)) for name_ in (*FULL_SIGNALS, "alti_source_share")},
         }
         rows = {}
         for category in ("all", *CATEGORIES):

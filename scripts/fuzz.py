@@ -1,8 +1,8 @@
 """Schemathesis against a running service's /openapi.json: no 5xx, and every error in the documented shape.
 
-    python -m scripts.fuzz                                   # starts deploy/serve.yaml with tiny models; 1,000+ cases
-    python -m scripts.fuzz --url http://127.0.0.1:8000       # a running service instead
-    python -m scripts.fuzz --max-examples 25                 # the size tests/service/test_fuzz.py runs
+python -m scripts.fuzz                                   # starts deploy/serve.yaml with tiny models; 1,000+ cases
+python -m scripts.fuzz --url http://127.0.0.1:8000       # a running service instead
+python -m scripts.fuzz --max-examples 25                 # the size tests/service/test_fuzz.py runs
 """
 
 from __future__ import annotations

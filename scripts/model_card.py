@@ -137,5 +137,159 @@ work, bf16 autocast).
 {chr(10).join(rows)}"""
 
 
+# ---- the everyday models: trained on the recipe's mix, warm-started from the Tatoeba-only models ------------
+def everyday_card(
+    model: Path, source: str, target: str, stages: list[tuple[str, dict]], recipe: dict, quality: dict,
+    alignment: dict | None, trust: dict | None, lineage: str,
+) -> str:  # fmt: skip
+    """The card of a model trained on `python -m model.training.data build`'s mix (see the module docstring)."""
+    name = model.name
+    config = json.loads((model / "config.json").read_text())
+    size = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.name != "README.md")
+    with safe_open(str(model / "model.safetensors"), framework="pt") as weights:
+        parameters = f"{sum(_count(weights.get_slice(n).get_shape()) for n in weights.keys()):,}"
+    rows = []
+    for row in recipe["table"]:
+        source_info = recipe["sources"][row["source"]]
+        removed = ", ".join(f"{k} {v}" for k, v in sorted(row["removed"].items())) or "0"
+        rows.append(
+            f"| {row['source']} | {source_info['licence']} | {row['read']} | {removed} | {row['kept']} | "
+            f"{row['weight']} | {row['lines']} |"
+        )
+    sources_table = "\n".join(rows)
+    credits = "\n".join(f"- **{key}**: {info['credit']}." for key, info in recipe["sources"].items())
+    training = "\n\n".join(
+        _stage(number, len(stages), command, stage) for number, (command, stage) in enumerate(stages, start=1)
+    )
+    summary = stages[-1][1]
+    entry = quality["models"][name]
+    quality_rows = []
+    for set_name, scores in entry["scores"].items():
+        before = entry.get("baseline", {}).get("scores", {}).get(set_name)
+        opus = entry.get("opus_mt_bleu", {}).get(set_name, "")
+        quality_rows.append(
+            f"| {set_name} | {scores['sources']} | {scores['bleu']} / {scores['chrf']} | "
+            + (f"{before['bleu']} / {before['chrf']}" if before else "")
+            + f" | {opus} |"
+        )
+    tokenize = "zh" if target == "zh" else "13a"
+    alignment_text = ""
+    if alignment is not None:
+        served = alignment["models"][name]["methods"]
+        agreement = served["agreement"]
+        eflomal = alignment["eflomal"]
+        alignment_text = f"""
+## Alignment
+AER (lower is better) of the served alignments on the sets' own words: `alignment-tatoeba-zh-en` (65 in-domain
+pairs, human gold links) and the newswire gold set `alignment-zh-en` (150 pairs), beside eflomal trained on
+Tatoeba with the same pairs aligned alongside (`python -m bench.alignment --no-variants`, bench/results/alignment.json).
+
+| alignment | in-domain gold | newswire gold |
+|---|---|---|
+| `alignment_method` "agreement" | {agreement["in_domain_gold"]["aer"]} | {agreement["gold"]["aer"]} |
+| `alignment_method` "head" | {served["head"]["in_domain_gold"]["aer"]} | {served["head"]["gold"]["aer"]} |
+| eflomal (words) | {eflomal["in_domain"]["aer"]} | {eflomal["gold"]["aer"]} |
+"""
+    trust_text = ""
+    if trust is not None and name in trust["models"]:
+        overall = trust["models"][name]["categories"]["all"]
+        fast, full, seq = (overall.get(k, {}) for k in ("trust.score (fast)", "trust.score (full)", "forward_logprob"))
+        trust_text = f"""
+## Trust calibration
+`trust.json` beside the weights fits the trust score (model.trust) on the "fit" half of the labelled development
+set (`python -m model.training.calibrate_trust --model {name} --reverse {"-".join(reversed(name.split("-")))}`). On
+the other half (`python -m bench.trust`, {overall["translations"]} translations, {overall["good"]} good): ROC AUC
+{fast.get("auc")} ("fast"), {full.get("auc")} ("full"), against {seq.get("auc")} for the length-normalised
+log-probability alone.
+"""
+    return f"""# {name}: {LANGUAGES[source]} → {LANGUAGES[target]}
+
+A small Transformer translation model trained by this project for short everyday sentences, shipped as the
+service's default for {source}→{target}. Marian/OPUS-MT directory format: transformers' `MarianMTModel` and
+`MarianTokenizer` load it and CTranslate2's converter accepts it (tested in tests/model/).
+
+## Data
+Built by `python -m model.training.data build` (model/training/recipe.py; the table it prints):
+
+| source | licence | read | removed (held out / duplicate) | kept | weight | training lines |
+|---|---|---|---|---|---|---|
+{sources_table}
+| total | | | | | | {recipe["train_lines"]} |
+
+{credits}
+
+Development data is carved from the training sources only: Tatoeba's 1,000 dev pairs and 300 HSK pairs
+(`dev.tsv`); every pair whose English or Chinese side occurs in a dev or test set (TICO-19, FLORES-200, both gold
+alignment sets) was removed from training. Thanks to the Tatoeba contributors, the HSK sentence package's authors
+and the CC-CEDICT editors. The data is not redistributed here.
+
+**Licences of the weights.** Tatoeba's pairs are CC-BY 2.0 (France): attribution is owed to its contributors
+(every pair's sentence numbers and authors are in the training file's attribution column). The HSK sentences and
+CC-CEDICT are CC-BY-SA 4.0, a share-alike licence: if these weights are an adaptation of that material (the
+conservative reading, taken here), they are shared under CC-BY-SA 4.0 too, with the attributions above — you may
+use, change and redistribute them, commercially too, provided you credit the sources and license what you derive
+from the weights under the same terms. (The project's code is separately licensed; this note covers the weights.)
+
+## Architecture and size
+The original post-norm Transformer encoder-decoder as Marian shapes it: d_model {config["d_model"]},
+{config["encoder_layers"]} encoder + {config["decoder_layers"]} decoder layers, {config["encoder_attention_heads"]}
+heads, FFN {config["encoder_ffn_dim"]}, {config["activation_function"]} activation, sinusoidal positions, scaled
+embeddings, one joint vocabulary of {config["vocab_size"]} pieces tied to the output projection: English in
+sentencepiece unigram pieces (never across a space), **Chinese one piece per character** (so a piece never spans
+two words of jieba's segmentation, or of any other). {parameters} parameters; {size / 1e6:.1f} MB on disk
+(float16 safetensors). Alignment head: decoder layer {config.get("alignment_layer")}, head
+{config.get("alignment_head")}, read at the input step (`alignment_shift`), trained with guided alignment.
+
+## Training
+{lineage}
+
+{training}
+
+Checkpoint selection: `{summary["chosen"]}` among the best epoch, the average of the last epochs and the last
+weights (greedy BLEU on dev: {json.dumps(summary["candidates"])}).
+
+## Quality
+Beam 4; sacrebleu BLEU (tokenize "{tokenize}") / chrF, multi-reference where a source has several translations;
+`python -m bench.quality --baseline-from bench/results/quality-tatoeba-models.json` (bench/results/quality.json).
+"before": the previous shipped model, trained on Tatoeba alone. OPUS-MT: the best public model's published BLEU.
+
+| set | sources | this model | before | OPUS-MT BLEU |
+|---|---|---|---|---|
+{chr(10).join(quality_rows)}
+{alignment_text}{trust_text}
+## Known limits
+Short everyday sentences (phrasebook and HSK-style: shopping, transport, health, work, feelings) are what it
+knows. Expect poor output for long, technical or domain-specific text (news, medical, legal: see the TICO-19 and
+FLORES-200 rows), names it has not seen, and anything beyond one sentence; every answer's `trust` says how far to
+believe it. For news or medical text serve an OPUS-MT model (docs/models-and-training.md).
+"""
+
+
+def everyday_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write an everyday model's card (see everyday_card).")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--work", action="append", required=True)
+    parser.add_argument("--command", action="append", required=True)
+    parser.add_argument("--recipe", required=True, help="recipe.json of the training mix")
+    parser.add_argument("--quality", required=True)
+    parser.add_argument("--alignment")
+    parser.add_argument("--trust")
+    parser.add_argument("--lineage", default="")
+    args = parser.parse_args(argv)
+    stages = [
+        (c, json.loads((Path(w) / "summary.json").read_text())) for c, w in zip(args.command, args.work, strict=True)
+    ]
+    load = lambda path: json.loads(Path(path).read_text()) if path else None  # noqa: E731
+    card = everyday_card(
+        Path(args.model), args.source, args.target, stages, load(args.recipe), load(args.quality),
+        load(args.alignment), load(args.trust), args.lineage,
+    )  # fmt: skip
+    (Path(args.model) / "README.md").write_text(card, encoding="utf-8")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    everyday_main(sys.argv[2:]) if sys.argv[1:2] == ["everyday"] else main()

@@ -101,7 +101,8 @@ class ServiceMetrics:
         self.forced_decodes = Counter(
             "translation_forced_decodes",
             "Forced decodes run for explanations and attributions, by kind: explanation, explain, source_share, "
-            "the attribution method, or agreement (the reverse model's, one per hypothesis aligned by agreement).",
+            "the attribution method, agreement (the reverse model's, one per hypothesis aligned by agreement), or "
+            'trust (the reverse model\'s, one per hypothesis assessed in "full").',
             ["model", "kind"],
         )
         self.trust_score = Histogram(

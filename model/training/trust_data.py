@@ -38,6 +38,7 @@ class Item:
     good: int = 0
     signals: dict | None = None  # the "full" signals of the translation
     flags: list | None = None
+    ids: tuple[list[int], list[int]] | None = None  # (source ids, target ids) of the translation
 
 
 def good_chrf(language: str) -> float:
@@ -132,6 +133,7 @@ def translate_and_label(
         for index, translation in zip(chunk, translations, strict=True):
             item = items[index]
             item.translation = translation.text
+            item.ids = (list(translation.source_ids), list(translation.target_ids))
             item.signals = dict(translation.trust.signals) if translation.trust else None
             item.flags = [flag.kind for flag in translation.trust.flags] if translation.trust else []
             item.chrf = sacrebleu.sentence_chrf(translation.text, item.references).score

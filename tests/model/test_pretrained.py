@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from model import Translator
+from model.tokenizer import is_cjk
 from model.translator import PRETRAINED_DIR, pretrained_names
 from tests.harness.tiny import DEVICE
 
@@ -36,6 +37,7 @@ def test_each_model_is_small_and_has_a_model_card(shipped):
     assert size <= 25 * 1024 * 1024
     card = (directory / "README.md").read_text(encoding="utf-8")
     assert "Tatoeba" in card and "CC-BY 2.0" in card and "BLEU" in card
+    assert "HSK" in card and "CC-CEDICT" in card and "CC-BY-SA 4.0" in card and "share-alike" in card
 
 
 def test_translations_are_non_empty_and_in_the_target_script(shipped):
@@ -79,11 +81,10 @@ def test_chinese_source_text_does_not_start_with_a_lone_word_boundary_piece():
         assert translator.tokenizer.source_tokens(translator.encode_source([text])[0])[0] != "\u2581"
 
 
-def test_a_chinese_translation_that_begins_with_a_lone_word_boundary_has_it_in_its_first_word():
-    """The shipped en-zh begins some outputs with a lone "▁" (the target vocabulary's dummy prefix): the piece view
-    keeps it, the words put it in the word that follows (no word that is only a space)."""
+def test_chinese_output_is_one_piece_per_character_and_never_starts_with_a_lone_word_boundary():
+    """The shipped en-zh writes Chinese one character per piece (a piece never spans two words), with no dummy
+    "▁" prefix: no output begins with a lone "▁", each character is its own word, and the words cover the text."""
     translator = Translator.from_pretrained("en-zh", device=DEVICE)
-    # dev sentences (Tatoeba) whose beam-4 output began with one; and two that do not
     texts = [
         "The meat has gone bad.",
         "Edison invented many useful things.",
@@ -92,11 +93,12 @@ def test_a_chinese_translation_that_begins_with_a_lone_word_boundary_has_it_in_i
         "I like tea.",
         "Where is the station?",
     ]
-    translations = translator.translate(texts, beam_size=4)
-    lone = [t for t in translations if t.target_tokens[0] == "\u2581"]
-    assert lone, "none of these outputs begins with a lone ▁: choose texts that show it"
-    for translation in translations:
+    for translation in translator.translate(texts, beam_size=4):
+        assert translation.target_tokens[0] != "\u2581", translation.target_tokens
+        pieces = [t for t in translation.target_tokens if t != "</s>"]
+        assert all(len(piece.replace("\u2581", "")) == 1 for piece in pieces if is_cjk(piece[-1])), pieces
         assert all(word.strip() for word in translation.target_words), translation.target_words
         assert [t for _, t in translation.word_alignment] == list(range(len(translation.target_words)))
-    for translation in lone:
-        assert translation.target_words[0] == translation.text[: len(translation.target_words[0])]
+        assert "".join(w for w in translation.target_words if w != "</s>").replace(" ", "") == translation.text.replace(
+            " ", ""
+        )
