@@ -190,7 +190,10 @@ def test_the_agreed_alignment_is_level_with_eflomal_scored_through_the_same_piec
     eflomal = through_pieces_score(tokenizer, items, [set(i.reference.sure) for i in eflomal_items])
     best_possible = through_pieces_score(tokenizer, items, [set(i.reference.sure) for i in items])
     agreement = served_alignment_score(shipped[name], items, reverse=shipped[REVERSE[name]])
-    assert best_possible.aer < 0.12 and best_possible.recall == 1.0, best_possible
+    # Chinese pieces are characters, so no piece crosses a gold word: the gold links through the pieces are all
+    # but exact (the Tatoeba-only vocabulary's pieces crossed words and capped this at 0.099 / 0.065). A sure link or
+    # so is lost to a character the vocabulary maps to <unk>.
+    assert best_possible.aer < 0.005 and best_possible.recall > 0.99, best_possible
     assert agreement.aer < eflomal.aer + 0.03, (agreement, eflomal)
 
 
