@@ -44,8 +44,11 @@ def read_set(data: Path, name: str) -> list[tuple[str, str]]:
 
 def within_positions(model: Translator, text: str, limit: int) -> str:
     """The text, or its first pieces that fit the model's positions (out-of-domain sets have a few longer ones)."""
-    ids = model.tokenizer.encode_source(text)
-    return text if len(ids) <= limit else model.tokenizer.source_text(ids[: limit - 1])
+    keep = len(model.tokenizer.encode_source(text))
+    while keep > limit:  # detokenized pieces may encode to a few more: shorten until it fits
+        text = model.tokenizer.source_text(model.tokenizer.encode_source(text)[: limit - 1 - (keep - limit)])
+        keep = len(model.tokenizer.encode_source(text))
+    return text
 
 
 def translate_all(model: Translator, texts: list[str], beam_size: int, batch_size: int = 32) -> list[str]:

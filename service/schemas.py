@@ -110,9 +110,10 @@ class TranslateRequest(ModelChoice):
     trust: TrustMode = Field(
         DEFAULT_TRUST_MODE,
         description='How far to believe each translation (`trust` on every hypothesis): "fast" from the decode '
-        'alone (about 1 % more CPU per sentence); "full" also forces the reverse model over each translation '
-        "(its log-probability of the source: a stronger score and omission flags it confirms; costs about one "
-        'more forced decode per hypothesis); "off": no `trust`. docs/explanations.md ("Trust") has the measurements.',
+        'alone (about 3 % more CPU per sentence); "full" also forces the reverse model over each translation '
+        "(its log-probability of the source: a slightly stronger score, and omission flags it confirms; about half "
+        'a sentence\'s CPU again, one forced decode per hypothesis); "off": no `trust`. docs/explanations.md '
+        '("Trust") has the measurements.',
     )
     split_sentences: bool = Field(
         True,
