@@ -44,7 +44,7 @@ def test_a_dropped_clause_is_an_omission(en_zh, zh_en, mode):
 
 
 def test_the_reverse_model_confirms_an_omission_into_english(zh_en, en_zh):
-    """The issue's own example: 请把窗户关上，外面太冷了。 → "Please close the window." drops the cold outside."""
+    """请把窗户关上，外面太冷了。 → "Please close the window." drops the cold outside."""
     translation = assessed(zh_en, en_zh, "请把窗户关上，外面太冷了。", "Please close the window.", "full")
     source = "请把窗户关上，外面太冷了。"
     omitted = "".join(flagged(translation, "omission"))  # words: characters for a char-level model
