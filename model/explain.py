@@ -123,6 +123,18 @@ def forced_decode(
     return ForcedDecode(list(source_ids), list(target_ids), logprobs_host.tolist(), cross_host, encoder_host)
 
 
+def forced_batches(model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int):
+    """The padded teacher-forcing batches of `pairs` (checked), pairs of similar lengths together: per batch the
+    pairs' indices and the source ids, their mask and the decoder inputs on the model's device."""
+    for source_ids, target_ids in pairs:
+        check_ids(model, source_ids, target_ids)
+    device = model.final_logits_bias.device
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+    for first in range(0, len(order), batch_size):
+        chunk = order[first : first + batch_size]
+        yield (chunk, *(t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config)))
+
+
 @torch.inference_mode()
 def forced_alignment_rows(
     model: Transformer, pairs: list[tuple[list[int], list[int]]], layer: int, head: int | None, batch_size: int = 32
@@ -131,14 +143,9 @@ def forced_alignment_rows(
     ids) pair teacher-forced, as `forced_decode` gives them up to float rounding, at a fraction of its cost: pairs
     of similar lengths share a padded batch, and the decoder stops at `layer` (no later layer, no output
     projection). For agreeing alignments after a decode (Translator.with_agreement)."""
-    for source_ids, target_ids in pairs:
-        check_ids(model, source_ids, target_ids)
     device = model.final_logits_bias.device
     rows: list[Tensor | None] = [None] * len(pairs)
-    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
-    for first in range(0, len(order), batch_size):
-        chunk = order[first : first + batch_size]
-        source, mask, decoder_input = (t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config))
+    for chunk, source, mask, decoder_input in forced_batches(model, pairs, batch_size):
         length = decoder_input.size(1)
         encoder = model.encode(source, mask)
         x = model.add_positions(model.token_embeddings(model.decoder_embed_tokens, decoder_input))
@@ -164,14 +171,9 @@ def forced_logprobs(
     """Each target token's log-probability when (source ids, target ids) is teacher-forced, as `forced_decode`
     gives them up to float rounding; pairs of similar lengths share a padded batch. For the reverse model's
     reading of a translation (model.trust, "full")."""
-    for source_ids, target_ids in pairs:
-        check_ids(model, source_ids, target_ids)
     device = model.final_logits_bias.device
     result: list[list[float] | None] = [None] * len(pairs)
-    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
-    for first in range(0, len(order), batch_size):
-        chunk = order[first : first + batch_size]
-        source, mask, decoder_input = (t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config))
+    for chunk, source, mask, decoder_input in forced_batches(model, pairs, batch_size):
         encoder = model.encode(source, mask)
         hidden, _ = model.decode(decoder_input, encoder, need_weights=False)
         logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)  # (B, T, V)

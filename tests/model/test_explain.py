@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import InvalidInputError
-from model.explain import attention_steps, forced_alignment_rows, forced_decode
+from model.explain import attention_steps, forced_alignment_rows, forced_decode, forced_logprobs
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,6 +97,23 @@ def test_forced_decoding_gives_the_oracles_maps_and_log_probabilities(translator
     assert torch.allclose(
         forced.encoder_self_attention, torch.stack([a[0] for a in expected.encoder_attentions]), atol=1e-5
     )
+
+
+def test_batched_forced_log_probabilities_are_the_oracles_of_each_pair(translator, reference):
+    """The reverse-model reading trust "full" uses: each target token's log-probability, pairs of different
+    lengths sharing padded batches, as transformers gives it for that pair alone."""
+    texts = ["The quick brown fox sat on the mat.", "Hi.", "A much longer sentence with many more words in it."]
+    pairs = [(t.source_ids, t.target_ids) for t in translator.translate(texts, beam_size=2)]
+    pairs.append((pairs[0][0], pairs[2][1]))  # a target that is not the source's translation
+    for batch_size in (32, 2):
+        for (source_ids, target_ids), got in zip(pairs, forced_logprobs(translator.exact_model, pairs, batch_size)):
+            decoder_input = [reference.config.decoder_start_token_id, *target_ids[:-1]]
+            with torch.no_grad():
+                logits = reference(
+                    input_ids=torch.tensor([source_ids]), decoder_input_ids=torch.tensor([decoder_input])
+                ).logits[0]
+            expected = torch.log_softmax(logits.float(), dim=-1)[torch.arange(len(target_ids)), target_ids]
+            assert got == pytest.approx(expected.tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize("head", [1, None])
