@@ -20,6 +20,11 @@ def write_report(report: dict, output: str | Path | None, default_name: str) -> 
     return path
 
 
+def named_models(items: list[str]) -> dict[str, str]:
+    """`NAME` or `NAME=DIRECTORY` arguments → {name: directory or name} (a shipped model by its name)."""
+    return {name: directory or name for name, _, directory in (item.partition("=") for item in items)}
+
+
 def machine(**extra: Any) -> dict[str, Any]:
     """What a benchmark ran on, for its report: the CPU's model (every speed figure names it), the CPU count, the
     platform, and `extra` (a benchmark's own facts: threads, device, CPU capability)."""

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import named_models
 from model.training.evaluate_alignment import (
     alignment_report,
     gold_items,
@@ -67,9 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((Path(scratch) / "summary.json").read_text())
         report["eflomal"] = {"gold": summary["gold"], "in_domain": summary["in_domain"], "pairs": summary["pairs"]}
         translators = {}
-        for entry in args.models:
-            name, _, directory = entry.partition("=")
-            translators[name] = Translator.from_pretrained(directory or name, device="cpu")
+        for name, directory in named_models(args.models).items():
+            translators[name] = Translator.from_pretrained(directory, device="cpu")
         for name, translator in translators.items():
             layer, head = translator.alignment_head
             language = SOURCE_LANGUAGE[name]

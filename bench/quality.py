@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import machine, write_report
+from bench import machine, named_models, write_report
 from model.options import DecodingOptions
 from model.training.data import dev_references
 from model.training.evaluate import score_translations
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.quality", *sys.argv[1:]]), "beam_size": args.beam_size}
-    models = dict(item.split("=", 1) if "=" in item else (item, item) for item in args.models)
+    models = named_models(args.models)
     baselines = dict(item.split("=", 1) for item in args.baseline)
     earlier = json.loads(Path(args.baseline_from).read_text()) if args.baseline_from else {"models": {}}
     report["models"] = {}

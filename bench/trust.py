@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import machine, write_report
+from bench import machine, named_models, write_report
 from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.training.trust_data import CATEGORIES, labelled_sources, translate_and_label
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust", *sys.argv[1:]]), "models": {}}
-    paths = dict(item.split("=", 1) if "=" in item else (item, item) for item in args.models)
+    paths = named_models(args.models)
     for name, path in paths.items():
         model = Translator.from_pretrained(path)
         reverse = Translator.from_pretrained(paths.get(REVERSE[name], REVERSE[name]))
@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         items = labelled_sources(args.data, source_language, target_language, model, "test")
         timing = translate_and_label(items, model, reverse, target_language)
         add_source_shares(model, items)
-        fast = model.calibration.modes["fast"] if model.calibration and not model.calibration.mismatch else None
-        full = model.calibration.modes["full"] if model.calibration and not model.calibration.mismatch else None
+        fast, full = model.trust_fit("fast"), model.trust_fit("full")
         scorers = {
             "trust.score (fast)": (lambda s, c=fast: c.probability(s)) if fast else None,
             "trust.score (full)": (lambda s, c=full: c.probability(s)) if full else None,

@@ -569,11 +569,9 @@ class Translator:
         backward: dict[int, tuple[list[int], list[int]]] = {}
         if mode == "full":
             for index, (source_text, translation) in enumerate(texts):
-                if source_text.strip() and translation.strip():
-                    try:
-                        backward[index] = reverse._pair_ids(translation, source_text)
-                    except InputTooLongError:
-                        pass
+                pair, _ = reverse._reverse_pair(source_text, translation)
+                if pair is not None:
+                    backward[index] = pair
         reverse_scores = dict(
             zip(backward, forced_logprobs(reverse.exact_model, list(backward.values())) if backward else [])
         )
@@ -601,18 +599,24 @@ class Translator:
                 reading.reverse_logprobs = reverse_scores[index]
                 reading.reverse_pieces = reverse.tokenizer.target_tokens(backward[index][1])
             signals, flags = signals_and_flags(reading)
-            used = mode if index in reverse_scores or mode == "fast" else "fast"
+            used = "full" if index in reverse_scores else "fast"  # "full" where the reverse model read the pair
             if used == "full":
                 logprobs = reverse_scores[index]
                 signals["reverse_logprob"] = sum(logprobs) / len(logprobs)
-            usable = self.calibration is not None and not self.calibration.mismatch
-            fit = self.calibration.modes.get(used) if usable else None
+            fit = self.trust_fit(used)
             score = fit.probability(signals) if fit is not None else uncalibrated_score(signals)
             hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None)
 
     @functools.cached_property
     def _frequent_pieces(self) -> frozenset[str]:
         return frequent_pieces(self.tokenizer.source_spm)
+
+    def trust_fit(self, mode: str):
+        """The calibration's fit of `mode` ("fast", "full") for these weights, or None (no trust.json, or one fitted
+        on other weights): the score is then the uncalibrated default."""
+        if self.calibration is None or self.calibration.mismatch:
+            return None
+        return self.calibration.modes.get(mode)
 
     @property
     def trust_info(self) -> dict:
@@ -647,6 +651,18 @@ class Translator:
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
         return source_ids, target_ids
+
+    def _reverse_pair(
+        self, source_text: str, translation: str
+    ) -> tuple[tuple[list[int], list[int]] | None, str | None]:
+        """As the reverse model of a translation: the (source ids, target ids) that force `source_text` after
+        `translation`, or None and why it cannot (for the agreement and for trust "full")."""
+        if not source_text.strip() or not translation.strip():
+            return None, "nothing to agree on: the source or the translation is empty"
+        try:
+            return self._pair_ids(translation, source_text), None
+        except InputTooLongError:
+            return None, f"the pair is too long for the reverse model {self.name}"
 
     def _forced_rows(
         self, pairs: list[tuple[list[int], list[int]]], matrices: list[Tensor | None] | None = None
@@ -689,14 +705,12 @@ class Translator:
         for index, (item, (source_text, translation)) in enumerate(zip(items, texts, strict=True)):
             if reverse is None:
                 results[index] = head(item)
-            elif not source_text.strip() or not translation.strip():
-                results[index] = head(item, "nothing to agree on: the source or the translation is empty")
+                continue
+            pair, note = reverse._reverse_pair(source_text, translation)
+            if pair is None:
+                results[index] = head(item, note)
             else:
-                try:
-                    backward.append(reverse._pair_ids(translation, source_text))
-                except InputTooLongError:
-                    results[index] = head(item, f"the pair is too long for the reverse model {reverse.name}")
-                    continue
+                backward.append(pair)
                 wanted.append(index)
         if wanted:
             forward_rows = self._forced_rows(

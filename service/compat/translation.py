@@ -14,7 +14,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from model import DEFAULT_ALIGNMENT, AlignmentMethod, DecodingOptions
+from model import DEFAULT_ALIGNMENT, TRUST_MODES, AlignmentMethod, DecodingOptions
 from service.compat.backend import TranslationBackend
 from service.errors import InvalidParameterError, UnsupportedLanguageError
 from service.messages import TranslateCall
@@ -54,7 +54,7 @@ TRUST_SCORE_HEADER = "X-Trust-Score"
 def trust_mode(request: Request) -> str:
     """The mode the request's X-Trust header asks for ("off" without one); another value is refused."""
     mode = request.headers.get(TRUST_HEADER, "off").strip().lower() or "off"
-    if mode not in ("off", "fast", "full"):
+    if mode not in TRUST_MODES:
         raise InvalidParameterError(f"{TRUST_HEADER} must be fast, full or off")
     return mode
 
