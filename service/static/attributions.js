@@ -71,7 +71,7 @@ function setText(node, key) {
 /**
  * Per target token of `view` (pieces or words), its source share: ALTI+'s source_share, a word's the mean of
  * its pieces' (as its heatmap row is the mean of theirs). One button per token. No token is marked as suspect:
- * on this service's own wrong translations a low share did not tell them from right ones (the trust block does).
+ * on this service's own translations the share tells wrong from right far worse than the trust score (bench.trust).
  */
 export function renderSourceShare(view) {
   const list = $("#source-share");
