@@ -66,6 +66,15 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     )
 
 
+def resolved_dtype(dtype, device: torch.device):
+    """`dtype` with "auto" made the fast mode measured for `device`: int8 on a CPU (the compiled runtime's; where
+    it cannot be built int8 decodes in float32, and runtime_info says so), float32 on a GPU (there the shipped
+    models are launch-bound, and half precision was no faster: docs/decisions.md)."""
+    if dtype == "auto":
+        return "int8" if device.type == "cpu" else "float32"
+    return dtype
+
+
 def pick_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -227,8 +236,10 @@ class Translator:
     ) -> Translator:
         """Load a Marian directory (or a shipped model by name) onto `device` (None: cuda if available).
 
-        dtype: a torch dtype or its name ("float32", "bfloat16", "float16", "int8"); None is float32. On a GPU
-        a half dtype runs natively; on the CPU it stores the matrices in it around fp32 activations.
+        dtype: a torch dtype or its name ("float32", "bfloat16", "float16", "int8", "auto"); None is float32,
+        the exact reference. On a GPU a half dtype runs natively; on the CPU it stores the matrices in it around
+        fp32 activations. "auto" (the service's default) is the fast mode measured for the device: int8 on a CPU
+        (float32 where the compiled runtime cannot be built, as below), float32 on a GPU.
 
         "int8" (torch.int8; CPU only) decodes through the compiled runtime with int8 weights quantized at load
         time from the fp32 safetensors wherever int8 is faster here, and int8 activations quantized per row
@@ -239,12 +250,13 @@ class Translator:
         (`runtime_info` says so).
         """
         directory = resolve_model_path(name_or_path)
+        target = pick_device(device)
+        dtype = resolved_dtype(dtype, target)
         if isinstance(dtype, str):
             if dtype not in DTYPE_NAMES:
-                raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)}")
+                raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)} or auto")
             dtype = DTYPE_NAMES[dtype]
         dtype = dtype or torch.float32
-        target = pick_device(device)
         step = None
         if dtype == torch.int8:
             if target.type != "cpu":

@@ -26,9 +26,11 @@ class ModelSpec(BaseModel):
     source_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
     target_lang: str = Field(pattern=r"^[A-Za-z-]{2,16}$")
     dtype: str = Field(
-        "float32",
-        pattern=r"^(float32|bfloat16|float16|int8)$",
-        description="Weights' dtype on the device. int8 (CPU only): int8 decoding, explanations from the fp32 weights.",
+        "auto",
+        pattern=r"^(auto|float32|bfloat16|float16|int8)$",
+        description="How the model decodes. auto: int8 on a CPU (float32 where the compiled runtime cannot be "
+        "built), float32 on a GPU. int8 (CPU only): int8 decoding, explanations from the fp32 weights. float32: "
+        "exact reference decoding.",
     )
 
     @property

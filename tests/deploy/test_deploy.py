@@ -9,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from model.translator import resolved_dtype
 from service.app import Ingress, build_app
 from service.config import ServiceConfig, translator_deployment_name
 from service.deployments import TranslatorDeployment
@@ -124,13 +126,18 @@ def test_the_drift_check_catches_a_changed_argument():
     assert without_gpu_settings(drifted) != without_gpu_settings(SERVE_CONFIG)
 
 
-@pytest.mark.parametrize("serve_config", [SERVE_CONFIG, SERVE_GPU_CONFIG], ids=["cpu", "gpu"])
-def test_the_shipped_models_are_served_in_float32(serve_config):
-    """float32 on the GPU too: there the shipped models' outputs equal the CPU's (bench/gpu/check.py measured
-    100% identical ids) and float16 was no faster on models this small (launch-bound), at 99.4-99.6%."""
+@pytest.mark.parametrize(
+    ("serve_config", "device", "decodes"),
+    [(SERVE_CONFIG, "cpu", "int8"), (SERVE_GPU_CONFIG, "cuda", "float32")],
+    ids=["cpu", "gpu"],
+)
+def test_the_shipped_models_are_served_in_the_devices_fast_mode(serve_config, device, decodes):
+    """dtype auto: int8 on a CPU (docs/performance.md), float32 on the GPU: there the shipped models' outputs equal
+    the CPU's (bench/gpu/check.py measured 100% identical ids) and float16 was no faster on models this small
+    (launch-bound), at 99.4-99.6%."""
     (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
-    assert [m.dtype for m in config.models] == ["float32"] * len(config.models)
+    assert [resolved_dtype(m.dtype, torch.device(device)) for m in config.models] == [decodes] * len(config.models)
 
 
 def test_the_gpu_translators_share_one_gpu():

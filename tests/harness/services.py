@@ -68,9 +68,12 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
 
     main = copy.deepcopy(template)
+    # dtype float32, the exact mode: these tests hold decodes and later forced decodes to float32's bounds
+    # (tests/service/conftest.py's Tolerance); the default (auto: int8 on a CPU) and its explanation contract are
+    # tested in tests/model/test_int8.py
     main["args"]["models"] = [
-        {"id": "en-zh", "path": str(models["en-zh"]), "source_lang": "en", "target_lang": "zh"},
-        {"id": "zh-en", "path": str(models["zh-en"]), "source_lang": "zh", "target_lang": "en"},
+        {"id": "en-zh", "path": str(models["en-zh"]), "source_lang": "en", "target_lang": "zh", "dtype": "float32"},
+        {"id": "zh-en", "path": str(models["zh-en"]), "source_lang": "zh", "target_lang": "en", "dtype": "float32"},
     ]
     main["args"].update(max_batch_size=16, batch_wait_timeout_s=0.05, metrics_dir=str(metrics_root / "translate"))
     if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
@@ -116,7 +119,9 @@ def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, por
     main = config["applications"][0]
     main["args"].update({"scheduler": "continuous", "max_rows": 8})
     for model_id, path in ((SHIPPED_MODEL, "en-zh"), (SHIFT_MODEL, str(models[SHIFT_MODEL]))):
-        main["args"]["models"].append({"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh"})
+        main["args"]["models"].append(
+            {"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh", "dtype": "float32"}
+        )
         main["deployments"].append(
             {"name": f"translator-{model_id}", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
         )

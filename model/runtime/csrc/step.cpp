@@ -488,12 +488,19 @@ struct Linear {
         if (vnni && plain_cpu(x) && x.is_contiguous()) return vnni_linear(x, vnni, bias, silu);
         [[fallthrough]];
       case kInt8: {
-        // Each row divided by its largest magnitude before fbgemm quantizes the call's activations to 8 bits:
-        // a row's quantization step is then a fraction of its own range whatever else shares the batch.
+        // Each row divided by its largest magnitude before fbgemm quantizes the call's activations to 8 bits,
+        // with one more row [1, -1, 0, …] below them: the call's range is then always exactly [-1, 1], so a
+        // row's 8 bits are the same whatever else shares the batch (batch-invariant), a fraction of its own range.
         if (plain_cpu(x) && x.is_contiguous()) {
-          Tensor scaled = at::empty_like(x), scale = at::empty({x.size(0), 1}, x.options());
+          const int64_t rows = x.size(0);
+          Tensor padded = at::empty({rows + 1, x.size(1)}, x.options()), scale = at::empty({rows, 1}, x.options());
+          Tensor scaled = padded.narrow(0, 0, rows);
           divide_rows(x, scaled, scale);
-          Tensor out = int8->apply_dynamic(scaled, reduce_range);
+          Tensor sentinel = padded.select(0, rows);
+          sentinel.zero_();
+          sentinel.data_ptr<float>()[0] = 1.0f;
+          if (x.size(1) > 1) sentinel.data_ptr<float>()[1] = -1.0f;
+          Tensor out = int8->apply_dynamic(padded, reduce_range).narrow(0, 0, rows);
           if (silu) {
             scale_rows_silu_loop(out.data_ptr<float>(), scale.data_ptr<float>(), bias.data_ptr<float>(),
                                  out.size(0), out.size(1));
@@ -981,9 +988,22 @@ class Runtime {
     return all;
   }
 
-  // Time every allowed kernel of every matmul at `small_rows` and `large_rows` rows on the real weights (the
-  // fastest of `repeats` interleaved runs each) and keep the fastest per matmul and row range. Returns, per
-  // matmul, [small kernel, large kernel] and the microseconds of every candidate.
+  // Whether `kernel` gives each row of a call the same bits as the row alone or among fewer rows (at 1, 2, 3 and
+  // `rows` - 1 rows against `rows`): oneDNN's and the VNNI tiles' do; BLAS's small-matrix paths may not.
+  static bool row_invariant(const Linear& p, int64_t kernel, int64_t rows) {
+    Tensor x = at::randn({rows, p.weight.size(1)}, p.weight.options());
+    const Tensor all = p.run(x, kernel);
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, rows - 1}) {
+      if (n < 1 || n >= rows) continue;
+      if (!at::equal(p.run(x.narrow(0, 0, n).contiguous(), kernel), all.narrow(0, 0, n))) return false;
+    }
+    return true;
+  }
+
+  // Time every allowed row-invariant kernel of every matmul at `small_rows` and `large_rows` rows on the real
+  // weights (the fastest of `repeats` interleaved runs each) and keep, per matmul, the one of least relative cost
+  // over both (one kernel for every row count). Returns, per matmul, [small kernel, large kernel] (the same) and
+  // the microseconds of every candidate.
   std::vector<std::vector<double>> choose(std::vector<int64_t> allowed, int64_t small_rows, int64_t large_rows,
                                           int64_t repeats) {
     std::vector<std::vector<double>> report;
@@ -1014,8 +1034,18 @@ class Runtime {
         }
         candidates.push_back(kernel);
       }
+      // Batch invariance: a row's numbers may not depend on the rows beside it, so only kernels whose rows come
+      // out bit for bit the same alone and among others (checked here, on this CPU: BLAS's few-row paths are
+      // not) are candidates, and one kernel serves every row count (a text alone and in a batch of sixteen run
+      // the same arithmetic).
+      std::vector<int64_t> invariant;
+      for (int64_t kernel : candidates)
+        if (row_invariant(*p, kernel, large_rows)) invariant.push_back(kernel);
+      if (!invariant.empty()) candidates = invariant;
       std::vector<double> row{0, 0};
       int64_t rows_list[2] = {small_rows, large_rows};
+      std::vector<double> cost(candidates.size(), 0.0);
+      std::vector<std::vector<double>> best_of(2);
       for (int which = 0; which < 2; ++which) {
         Tensor x = at::randn({rows_list[which], p->weight.size(1)}, p->weight.options());
         std::vector<double> best(candidates.size(), 1e9);
@@ -1027,20 +1057,26 @@ class Runtime {
             best[c] = std::min(best[c], seconds_now() - start);
           }
         }
-        size_t pick = std::min_element(best.begin(), best.end()) - best.begin();
-        // int8 only where it pays: a margin of 10 % over the fastest fp32 kernel, so that timing noise on a
-        // matmul where both cost the same does not decide whether its numbers are quantized
-        if (quantized(candidates[pick])) {
-          size_t exact = pick;
-          for (size_t c = 0; c < candidates.size(); ++c)
-            if (!quantized(candidates[c]) && (exact == pick || best[c] < best[exact])) exact = c;
-          if (exact != pick && best[pick] > 0.9 * best[exact]) pick = exact;
-        }
-        (which == 0 ? p->small : p->large) = candidates[pick];
-        row[which] = static_cast<double>(candidates[pick]);
+        // each kernel's cost: its time over the fastest's, at few rows plus at many
+        const double fastest = *std::min_element(best.begin(), best.end());
+        for (size_t c = 0; c < candidates.size(); ++c) cost[c] += best[c] / fastest;
+        best_of[which] = best;
+      }
+      size_t pick = std::min_element(cost.begin(), cost.end()) - cost.begin();
+      // int8 only where it pays: a margin of 10 % over the fastest fp32 kernel, so that timing noise on a
+      // matmul where both cost the same does not decide whether its numbers are quantized
+      if (quantized(candidates[pick])) {
+        size_t exact = pick;
+        for (size_t c = 0; c < candidates.size(); ++c)
+          if (!quantized(candidates[c]) && (exact == pick || cost[c] < cost[exact])) exact = c;
+        if (exact != pick && cost[pick] > 0.9 * cost[exact]) pick = exact;
+      }
+      p->small = p->large = candidates[pick];
+      row[0] = row[1] = static_cast<double>(candidates[pick]);
+      for (int which = 0; which < 2; ++which) {
         for (size_t c = 0; c < candidates.size(); ++c) {
           row.push_back(static_cast<double>(candidates[c]));
-          row.push_back(best[c] * 1e6);
+          row.push_back(best_of[which][c] * 1e6);
         }
       }
       p->rows_cut = small_rows + (large_rows - small_rows) / 2;
