@@ -38,6 +38,8 @@ ORIENTATION = {
     "length_ratio": 0,  # scored as -|length_ratio|
     "untranslated": -1,
     "truncated": -1,
+    "source_length": -1,
+    "source_familiarity": 1,
     "reverse_logprob": 1,
     "alti_source_share": 1,
 }
@@ -100,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--models", nargs="*", default=["en-zh", "zh-en"], help="NAME or NAME=DIRECTORY")
     parser.add_argument("--cost-texts", type=int, default=40, help="single sentences the cost is measured on")
+    parser.add_argument("--dtype", default="auto", help="how the models decode (default auto: as served)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust", *sys.argv[1:]]), "models": {}}
     paths = named_models(args.models)
     for name, path in paths.items():
-        model = Translator.from_pretrained(path)
-        reverse = Translator.from_pretrained(paths.get(REVERSE[name], REVERSE[name]))
+        model = Translator.from_pretrained(path, dtype=args.dtype)
+        reverse = Translator.from_pretrained(paths.get(REVERSE[name], REVERSE[name]), dtype=args.dtype)
         source_language, target_language = name.split("-")
         items = labelled_sources(args.data, source_language, target_language, model, "test")
         timing = translate_and_label(items, model, reverse, target_language)

@@ -37,6 +37,7 @@ from model.trust import (
     Trust,
     _Reading,
     frequent_pieces,
+    piece_scores,
     signals_and_flags,
     uncalibrated_score,
 )
@@ -606,6 +607,7 @@ class Translator:
                 source_text=texts[index][0],
                 frequent=self._frequent_pieces,
                 linked_source=frozenset(s for s, _ in hypothesis.word_alignment),
+                piece_scores=self._piece_scores,
             )
             if index in reverse_scores:
                 reading.reverse_logprobs = reverse_scores[index]
@@ -622,6 +624,10 @@ class Translator:
     @functools.cached_property
     def _frequent_pieces(self) -> frozenset[str]:
         return frequent_pieces(self.tokenizer.source_spm)
+
+    @functools.cached_property
+    def _piece_scores(self) -> dict[str, float]:
+        return piece_scores(self.tokenizer.source_spm)
 
     def trust_fit(self, mode: str):
         """The calibration's fit of `mode` ("fast", "full") for these weights, or None (no trust.json, or one fitted

@@ -29,6 +29,7 @@ from model.tokenizer import is_lone_space, is_special_piece, word_groups
 TRUST_MODES = ("off", "fast", "full")
 DEFAULT_TRUST_MODE = "fast"
 CALIBRATION_NAME = "trust.json"
+CALIBRATION_FORMAT = "attention-translate trust calibration 2"  # 1: before source_length, familiarity, DERIVED
 FLAG_KINDS = ("omission", "addition", "repetition", "untranslated", "truncated")
 
 # The signals each mode computes; the calibration of a mode reads these (and the derived features below).
@@ -41,6 +42,8 @@ FAST_SIGNALS = (
     "length_ratio",  # log(target pieces / source pieces)
     "untranslated",  # share of the translation's words copied verbatim from the source
     "truncated",  # 1 when the hypothesis ended without </s>
+    "source_length",  # log(1 + the source's pieces): longer sources come back wrong more often
+    "source_familiarity",  # mean unigram log-probability of the source's pieces under its tokenizer (rare: low)
 )
 FULL_SIGNALS = (*FAST_SIGNALS, "reverse_logprob")  # the reverse model's mean log-probability of the source
 
@@ -156,6 +159,12 @@ class _Reading:
     source_text: str = ""
     frequent: frozenset[str] = frozenset()  # the source tokenizer's most frequent pieces: never omission candidates
     linked_source: frozenset[int] = frozenset()  # source words some target word links to (word_alignment)
+    piece_scores: dict[str, float] | None = None  # the source tokenizer's unigram log-probability of each piece
+
+
+def piece_scores(processor) -> dict[str, float]:
+    """Each piece of a sentencepiece model with its unigram log-probability (character models: log frequency)."""
+    return {processor.IdToPiece(i): processor.GetScore(i) for i in range(processor.GetPieceSize())}
 
 
 def frequent_pieces(processor, count: int = 100) -> frozenset[str]:
@@ -201,6 +210,12 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
     source_repeated, _ = _repeated_share(source_pieces)
     signals["repetition"] = max(0.0, repeated - source_repeated)
     signals["length_ratio"] = math.log(max(len(target_pieces), 1) / max(len(source_pieces), 1))
+    signals["source_length"] = math.log1p(len(source_pieces))
+    scores = reading.piece_scores or {}
+    rarest = min(scores.values(), default=0.0)  # a piece the tokenizer does not have counts as its rarest
+    signals["source_familiarity"] = (
+        sum(scores.get(piece, rarest) for piece in source_pieces) / len(source_pieces) if source_pieces else 0.0
+    )
 
     source_set = {_folded(reading.source_words[w]) for w in source_content}
     copied = [
@@ -274,19 +289,39 @@ def _recovered_words(reading: _Reading, source_groups: list[list[int]]) -> set[i
 
 
 # ---- calibration ------------------------------------------------------------------------------------
+# The regression's derived inputs, each a product of two signals (a name twice: its square), beside the signals:
+# too short and too long are both bad (length_ratio²), and how much a log-probability says depends on how long
+# the sentence is and on how sure the model is at all (measured: bench.trust's AUC rose by 0.01-0.02 with them).
+DERIVED = (
+    ("length_ratio", "length_ratio"),
+    ("forward_logprob", "forward_logprob"),
+    ("forward_logprob", "source_length"),
+    ("forward_min_logprob", "source_length"),
+)
+DERIVED_FULL = (
+    ("reverse_logprob", "reverse_logprob"),
+    ("reverse_logprob", "source_length"),
+    ("forward_logprob", "reverse_logprob"),
+)
+
+
+def _derived(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return (*DERIVED, *(DERIVED_FULL if "reverse_logprob" in names else ()))
+
+
 def features(signals: dict[str, float], names: tuple[str, ...]) -> list[float]:
-    """The regression's inputs: the signals named, plus the squared length ratio (too short and too long are
-    both bad) and, with the reverse model, the gap between the two directions' log-probabilities."""
+    """The regression's inputs: the signals named, their products in DERIVED (DERIVED_FULL too, with the reverse
+    model) and, with the reverse model, the gap between the two directions' log-probabilities."""
     row = [float(signals[name]) for name in names]
-    row.append(float(signals["length_ratio"]) ** 2)
+    row += [float(signals[a]) * float(signals[b]) for a, b in _derived(names)]
     if "reverse_logprob" in names:
         row.append(abs(float(signals["forward_logprob"]) - float(signals["reverse_logprob"])))
     return row
 
 
 def feature_names(names: tuple[str, ...]) -> list[str]:
-    extra = ["length_ratio_squared"] + (["direction_gap"] if "reverse_logprob" in names else [])
-    return [*names, *extra]
+    derived = [f"{a}^2" if a == b else f"{a}*{b}" for a, b in _derived(names)]
+    return [*names, *derived, *(["direction_gap"] if "reverse_logprob" in names else [])]
 
 
 @dataclass
@@ -298,6 +333,7 @@ class ModeCalibration:
     scale: list[float]
     weights: list[float]
     bias: float
+    l2: float | None = None  # the regularisation it was fitted with (cross-validated)
 
     def probability(self, signals: dict[str, float]) -> float:
         row = features(signals, self.signals)
@@ -313,7 +349,7 @@ class Calibration:
 
     def to_json(self) -> dict:
         return {
-            "format": "attention-translate trust calibration 1",
+            "format": CALIBRATION_FORMAT,
             "modes": {
                 mode: {
                     "signals": list(c.signals),
@@ -322,6 +358,7 @@ class Calibration:
                     "scale": c.scale,
                     "weights": c.weights,
                     "bias": c.bias,
+                    "l2": c.l2,
                 }
                 for mode, c in self.modes.items()
             },
@@ -340,8 +377,17 @@ class Calibration:
         if not path.is_file():
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != CALIBRATION_FORMAT:
+            calibration = cls({}, data.get("fitted_on", {}))
+            calibration.mismatch = (
+                f"{CALIBRATION_NAME} is in the format {data.get('format')!r}, not {CALIBRATION_FORMAT!r} (other "
+                "signals): refit it with python -m model.training.calibrate_trust"
+            )
+            return calibration
         modes = {
-            mode: ModeCalibration(tuple(c["signals"]), c["mean"], c["scale"], c["weights"], float(c["bias"]))
+            mode: ModeCalibration(
+                tuple(c["signals"]), c["mean"], c["scale"], c["weights"], float(c["bias"]), c.get("l2")
+            )
             for mode, c in data["modes"].items()
         }
         calibration = cls(modes, data.get("fitted_on", {}))
@@ -354,10 +400,11 @@ class Calibration:
         return calibration
 
 
-def fit_mode(rows: list[dict[str, float]], labels: list[int], names: tuple[str, ...], l2: float = 1e-2):
-    """Logistic regression of labels (1 good, 0 bad) on the features of `rows`, L2-regularised, by L-BFGS."""
-    x = torch.tensor([features(r, names) for r in rows], dtype=torch.float64)
-    y = torch.tensor(labels, dtype=torch.float64)
+L2_CHOICES = (1e-3, 3e-3, 1e-2, 3e-2)  # the regularisation fit_mode picks from by cross-validation
+FOLDS = 5
+
+
+def _fit(x: Tensor, y: Tensor, l2: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     mean = x.mean(0)
     scale = x.std(0).clamp(min=1e-6)
     z = (x - mean) / scale
@@ -372,7 +419,37 @@ def fit_mode(rows: list[dict[str, float]], labels: list[int], names: tuple[str, 
         return loss
 
     optimizer.step(closure)
-    return ModeCalibration(names, mean.tolist(), scale.tolist(), weights.detach().tolist(), float(bias.detach()))
+    return mean, scale, weights.detach(), bias.detach()
+
+
+def cross_validated_l2(x: Tensor, y: Tensor) -> float:
+    """The L2_CHOICES value of best mean held-out AUC over FOLDS interleaved folds of the fitting data."""
+    folds = [list(range(k, len(y), FOLDS)) for k in range(FOLDS)]
+    best, chosen = -1.0, L2_CHOICES[len(L2_CHOICES) // 2]
+    for l2 in L2_CHOICES:
+        aucs = []
+        for held in folds:
+            kept = sorted(set(range(len(y))) - set(held))
+            mean, scale, weights, bias = _fit(x[kept], y[kept], l2)
+            scores = (((x[held] - mean) / scale) @ weights + bias).tolist()
+            auc = roc_auc(scores, [int(v) for v in y[held].tolist()])
+            if not math.isnan(auc):
+                aucs.append(auc)
+        score = sum(aucs) / len(aucs) if aucs else -1.0
+        if score > best:
+            best, chosen = score, l2
+    return chosen
+
+
+def fit_mode(rows: list[dict[str, float]], labels: list[int], names: tuple[str, ...], l2: float | None = None):
+    """Logistic regression of labels (1 good, 0 bad) on the features of `rows`, L2-regularised (None: the
+    strength cross-validated on `rows`), by L-BFGS."""
+    x = torch.tensor([features(r, names) for r in rows], dtype=torch.float64)
+    y = torch.tensor(labels, dtype=torch.float64)
+    if l2 is None:
+        l2 = cross_validated_l2(x, y)
+    mean, scale, weights, bias = _fit(x, y, l2)
+    return ModeCalibration(names, mean.tolist(), scale.tolist(), weights.tolist(), float(bias), l2)
 
 
 def uncalibrated_score(signals: dict[str, float]) -> float:

@@ -182,7 +182,8 @@ class TrustOut(BaseModel):
     flags: list[TrustFlagOut]
     signals: dict[str, float] = Field(
         description="The raw numbers: forward_logprob (mean token log-probability), forward_min_logprob, "
-        'source_coverage, target_support, repetition, length_ratio, untranslated, truncated and, in "full", '
+        'source_coverage, target_support, repetition, length_ratio, untranslated, truncated, source_length, '
+        'source_familiarity and, in "full", '
         "reverse_logprob (the reverse model's mean log-probability of the source given the translation). Empty "
         "for a text split into sentences (see each sentence's)."
     )

@@ -38,6 +38,7 @@ def fit(model: Translator, reverse: Translator, data: str, source_language: str,
         "counts": {f"{category} {label}": n for (category, label), n in sorted(counts.items())},
         "label": f"good: sentence chrF >= {good_chrf(target_language)} against the reference(s) and no oscillation",
         "beam_size": 4,
+        "precision": model.precision,
         "training_auc": {
             mode: round(roc_auc([c.probability(r) for r in rows], labels), 4) for mode, c in modes.items()
         },
@@ -59,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source-language", help="default: the model name's first part (en-zh → en)")
     parser.add_argument("--target-language", help="default: the model name's second part")
     parser.add_argument("--output", help="directory for trust.json (default: the model's own)")
+    parser.add_argument(
+        "--dtype", default="auto", help="how the model decodes while fitted (default auto: as the service serves it)"
+    )
     args = parser.parse_args(argv)
     directory = resolve_model_path(args.model)
     source_language = args.source_language or directory.name.split("-")[0]
     target_language = args.target_language or directory.name.split("-")[-1]
-    model, reverse = Translator.from_pretrained(directory), Translator.from_pretrained(args.reverse)
+    model = Translator.from_pretrained(directory, dtype=args.dtype)
+    reverse = Translator.from_pretrained(args.reverse, dtype=args.dtype)
     calibration = fit(model, reverse, args.data, source_language, target_language)
     path = calibration.save(args.output or directory)
     print(json.dumps(calibration.fitted_on, indent=1, ensure_ascii=False))
