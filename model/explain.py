@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from model.errors import InvalidInputError
-from model.search import to_host
+from model.host import to_host
 from model.transformer import MultiHeadAttention, Transformer
 
 KINDS = ("cross", "encoder_self")

@@ -278,18 +278,6 @@ def _rows_of(flags: list[bool], k: int) -> list[int]:
 
 
 @torch.inference_mode()
-def decode_rows(
-    model: Transformer, last_ids: Tensor, cache: RaggedCache, need_weights: bool
-) -> tuple[Tensor, list[Tensor] | None]:
-    """One decoder step for every row at its own position: logits (N, V), cross-attention per layer (N, h, S)."""
-    cache.prepare()
-    embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
-    x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
-    x, cross_attention = model.step_layers(x, cache, need_weights)  # the static search's step, on ragged rows
-    cache.advance()
-    return model.logits(x[:, 0]), cross_attention
-
-
 class Scheduler:
     """Iteration-level batching over one model: `submit`, then `step()` until the requests are done.
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from model.host import copy_to_host
 from model.options import DecodingOptions
 from model.runtime import EagerStep
 from model.topk import row_topk
@@ -50,18 +51,10 @@ def _read(tensor: Tensor) -> list:
 
 
 def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
-    """Copy many device tensors to the CPU with one transfer per dtype (one wait instead of one per tensor)."""
+    """Copy many device tensors to the CPU with one transfer per dtype (model.host), counted in `host_reads`."""
     global host_reads
-    out: list[Tensor | None] = list(tensors)
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        if tensor is not None and tensor.device.type != "cpu":
-            by_dtype.setdefault(tensor.dtype, []).append(index)
-    for indices in by_dtype.values():
-        flat = torch.cat([tensors[i].reshape(-1) for i in indices]).cpu()
-        host_reads += 1
-        for i, part in zip(indices, flat.split([tensors[i].numel() for i in indices]), strict=True):
-            out[i] = part.view(tensors[i].shape)
+    out, transfers = copy_to_host(tensors)
+    host_reads += transfers
     return out
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# Where a fast mode computes logits inexactly (int8 in the compiled runtime, bf16 weights in the eager step), each
+# row's this many best candidates are recomputed in fp32: the 2k candidates of beams up to 8.
+RESCORED_CANDIDATES = 16
 TOPK_CHUNK = 64  # row_topk: columns per chunk whose maximum is taken first (measured best of 16-128)
 TOPK_CHUNK_MIN_ROWS = 16  # row_topk: below this many rows torch.topk is as fast (bench/experiments/search_step.py)
 

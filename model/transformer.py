@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.topk import row_topk
+from model.topk import RESCORED_CANDIDATES, row_topk
 
 _ACTIVATIONS = {
     "swish": F.silu,
@@ -74,7 +74,6 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-RESCORED_CANDIDATES = 16  # per row, recomputed in fp32 under bf16 weights: the 2k candidates of beams up to 8
 
 
 class Linear(nn.Linear):
@@ -531,7 +530,7 @@ class Transformer(nn.Module):
     def step_layers(self, x: Tensor, cache: DecoderCache, need_weights: bool) -> tuple[Tensor, list[Tensor] | None]:
         """Every decoder layer's `step` on one new position per row x (N, 1, d_model): the last hidden state and,
         when asked, each layer's cross-attention (N, h, S).
-        `decode_step` and the continuous scheduler's ragged step (model.scheduler.decode_rows) both run it."""
+        `decode_step` and the continuous scheduler's ragged step (model.runtime's EagerStep.decode_rows) both run it."""
         cross_attention = [] if need_weights else None
         for i, layer in enumerate(self.decoder_layers):
             x, weights = layer.step(x, cache, i, need_weights)

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.runtime.quantize import REDUCE_RANGE, quantize_per_channel
+from model.runtime.quantize import quantize_per_channel
+from model.topk import RESCORED_CANDIDATES
 
 logger = logging.getLogger("model.runtime")
 
@@ -35,7 +36,6 @@ ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
 DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
-RESCORED_CANDIDATES = 16  # under int8, each row's best logits recomputed from the fp32 output weight
 
 _extension: object | None = None
 _extension_error: str | None = None
@@ -164,9 +164,15 @@ class EagerStep:
         return self.model.decode_step(last_ids, cache, need_weights)
 
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        from model.scheduler import decode_rows
-
-        return decode_rows(self.model, last_ids, cache, need_weights)
+        """One decoder step for every row of the continuous scheduler's ragged cache (model.scheduler.RaggedCache)
+        at its own position: logits (N, V), cross-attention per layer (N, h, S)."""
+        model = self.model
+        cache.prepare()
+        embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
+        x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
+        x, cross_attention = model.step_layers(x, cache, need_weights)  # the static search's step, on ragged rows
+        cache.advance()
+        return model.logits(x[:, 0]), cross_attention
 
 
 def weights_precision(model) -> str:
@@ -189,6 +195,7 @@ class CompiledStep:
         self._stamp = _weights_stamp(self._slots)
         config = model.config
         int8 = precision == "int8"
+        reduce = reduce_range(extension)
         self._runtime = extension.Runtime(
             _detached(model.decoder_embed_tokens.weight), _detached(model.positions), float(model.embed_scale),
             config.decoder_attention_heads, ACTIVATIONS[config.activation_function],
@@ -203,8 +210,8 @@ class CompiledStep:
             # int8 candidates for the encoder's feed-forward only, and only where activations keep all 8 bits
             # (VNNI): its attention projections in int8 too cost zh-en 0.31 BLEU, the whole encoder in 7 bits
             # en-zh 0.54 (bench.fast_modes; docs/decisions.md)
-            packed = [None, None, *(_prepack(extension, w) for w in weights[2:])] if int8 and not REDUCE_RANGE else []
-            self._runtime.add_encoder_layer(weights, biases, norms, packed, REDUCE_RANGE)
+            packed = [None, None, *(_prepack(extension, w) for w in weights[2:])] if int8 and not reduce else []
+            self._runtime.add_encoder_layer(weights, biases, norms, packed, reduce)
             self.names += [f"encoder.{i}.{name}" for name in ("qkv", "out", "fc1", "fc2")]
         for i, layer in enumerate(model.decoder_layers):
             own, cross, ffn = layer.self_attn, layer.encoder_attn, layer.feed_forward
@@ -214,11 +221,11 @@ class CompiledStep:
             ])
             norms = _norms(layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
             packed = [_prepack(extension, w) for w in weights] if int8 else []
-            self._runtime.add_layer(weights, biases, norms, packed, REDUCE_RANGE)
+            self._runtime.add_layer(weights, biases, norms, packed, reduce)
             self.names += [f"{i}.{name}" for name in DECODER_MATMULS]
         output = _detached(model.output_weight)
         self._runtime.set_output(
-            output, _detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], REDUCE_RANGE,
+            output, _detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], reduce,
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
@@ -291,7 +298,7 @@ class CompiledStep:
         return logits, (cross if need_weights else None)
 
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`model.scheduler.decode_rows` on the compiled step: every row at its own position."""
+        """`EagerStep.decode_rows` on the compiled step: every row at its own position."""
         cache.prepare()
         level = cache.width - 1 if cache.self_mask is None else -1
         logits, cross = self._runtime.step(
@@ -300,6 +307,12 @@ class CompiledStep:
         )
         cache.advance()
         return logits, (cross if need_weights else None)
+
+
+def reduce_range(extension) -> bool:
+    """Whether int8 activations keep 7 bits, not 8: where the CPU has no AVX-512 VNNI, u8·s8 pairs summed in
+    fbgemm's int16 intermediates could saturate with 8 (the compiled step's probe, the one CPU feature check)."""
+    return not extension.has_vnni()
 
 
 def _detached(tensor: Tensor) -> Tensor:

@@ -12,8 +12,9 @@ import torch
 from model import Translator
 from model.errors import InvalidInputError
 from model.runtime import compiled_extension
-from model.runtime.quantize import REDUCE_RANGE, quantize_per_channel
-from model.runtime.step import ACTIVATIONS, KERNELS, RESCORED_CANDIDATES, _prepack
+from model.runtime.quantize import quantize_per_channel
+from model.runtime.step import ACTIVATIONS, KERNELS, _prepack, reduce_range
+from model.topk import RESCORED_CANDIDATES
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}
@@ -138,8 +139,8 @@ def test_per_row_scales_shield_a_row_from_an_outlier_neighbour():
     packed = _prepack(extension, weight)
 
     def error(per_row: bool) -> float:
-        alone = extension.int8_linear(rows, packed, bias, per_row, REDUCE_RANGE)
-        beside = extension.int8_linear(batch, packed, bias, per_row, REDUCE_RANGE)[:4]
+        alone = extension.int8_linear(rows, packed, bias, per_row, reduce_range(extension))
+        beside = extension.int8_linear(batch, packed, bias, per_row, reduce_range(extension))[:4]
         assert (alone - exact).norm() / exact.norm() < 0.02  # alone, either way within 2%
         return float((beside - exact).norm() / exact.norm())
 
@@ -162,8 +163,8 @@ def test_fused_silu_is_torchs_silu_of_the_int8_matmul(vnni):
     rows = torch.cat([torch.randn(12, 256), 40 * torch.randn(4, 256)])
     extension = compiled_extension()
     packed = _prepack(extension, weight)
-    plain = extension.int8_linear(rows, packed, bias, True, REDUCE_RANGE, vnni=vnni)
-    fused = extension.int8_linear(rows, packed, bias, True, REDUCE_RANGE, ACTIVATIONS["silu"], vnni=vnni)
+    plain = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), vnni=vnni)
+    fused = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), ACTIVATIONS["silu"], vnni=vnni)
     assert plain.abs().max() > 80  # both tails of SiLU reached
     torch.testing.assert_close(fused, torch.nn.functional.silu(plain), rtol=1e-6, atol=1e-6)
 

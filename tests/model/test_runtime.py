@@ -21,8 +21,7 @@ import torch
 from model.config import ModelConfig
 from model.options import DecodingOptions
 from model.runtime import RUNTIME_ENV, CompiledStep, EagerStep, compiled_extension, load_step
-from model.runtime.quantize import REDUCE_RANGE
-from model.runtime.step import KERNELS, QUANTIZED
+from model.runtime.step import KERNELS, QUANTIZED, reduce_range
 from model.scheduler import Scheduler
 from model.search import beam_search
 from model.transformer import Transformer
@@ -185,7 +184,9 @@ def test_the_kernel_chosen_for_each_matmul_is_the_fastest_it_timed(extension):
             timed = compiled.timings[name][label]
             # in the encoder only the feed-forward has int8 candidates, and only with 8-bit activations (VNNI);
             # the VNNI tiles are a candidate wherever int8 is, on a CPU that has them
-            quantizable = not name.startswith("encoder.") or (name.endswith((".fc1", ".fc2")) and not REDUCE_RANGE)
+            quantizable = not name.startswith("encoder.") or (
+                name.endswith((".fc1", ".fc2")) and not reduce_range(compiled_extension())
+            )
             assert set(timed) <= set(KERNELS.values()) and ("int8" in timed) == quantizable
             assert ("vnni" in timed) == (quantizable and extension.has_vnni())
             exact = min(v for k, v in timed.items() if k not in QUANTIZED)

@@ -1,0 +1,26 @@
+"""Device → host copies of many tensors at once, for the search and the explanations alike."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def copy_to_host(tensors: list[Tensor | None]) -> tuple[list[Tensor | None], int]:
+    """The CPU copies of `tensors` (None stays None), one transfer per dtype (one wait instead of one per tensor),
+    and how many transfers that took."""
+    out: list[Tensor | None] = list(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor is not None and tensor.device.type != "cpu":
+            by_dtype.setdefault(tensor.dtype, []).append(index)
+    for indices in by_dtype.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in indices]).cpu()
+        for i, part in zip(indices, flat.split([tensors[i].numel() for i in indices]), strict=True):
+            out[i] = part.view(tensors[i].shape)
+    return out, len(by_dtype)
+
+
+def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
+    """`copy_to_host` without the count."""
+    return copy_to_host(tensors)[0]
