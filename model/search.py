@@ -33,7 +33,7 @@ from torch import Tensor
 
 from model.host import copy_to_host
 from model.options import DecodingOptions
-from model.runtime import EagerStep
+from model.runtime import CAPTURE, EagerStep
 from model.topk import row_topk
 from model.transformer import EncoderOutput, Transformer, additive_mask
 
@@ -164,14 +164,14 @@ class _Capture:
         return self.full or self.head is not None
 
     def codes(self) -> tuple[int, int, int]:
-        """(what, layer, head) as the compiled loops take them: what 0 nothing, 1 everything, 2 one head's rows
-        (head -1: the layer's head average)."""
+        """(what, layer, head) as the compiled search takes them: what a model.runtime CAPTURE code (head -1: the
+        layer's head average)."""
         if self.full:
-            return 1, 0, 0
+            return CAPTURE["every_head"], 0, 0
         if self.head is None:
-            return 0, 0, 0
+            return CAPTURE["nothing"], 0, 0
         layer, head = self.head
-        return 2, layer, -1 if head is None else head
+        return CAPTURE["one_head"], layer, -1 if head is None else head
 
     def keep(self, cross: list[Tensor] | None) -> Tensor | None:
         return captured(cross, self.full, self.head) if self.wanted else None
@@ -318,7 +318,7 @@ def beam_step(
 def _compiled_loop(step, capture: _Capture):
     """The compiled search loops of `step` (model.runtime.CompiledStep) when it has them and the search reads which
     rows finished after every step (the CPU's way); else None, and the loop below drives `step.decode_step`."""
-    return step.loops if capture.check_every == 1 else None
+    return step.compiled_search if capture.check_every == 1 else None
 
 
 def _cross_inputs(step, encoder) -> tuple[list[Tensor], list[Tensor], Tensor | None]:

@@ -8,6 +8,7 @@ the C++ step (model/runtime/csrc/step.cpp, over ATen) ahead of time, as the Dock
 from __future__ import annotations
 
 from model.runtime.step import (
+    CAPTURE,
     RUNTIME_ENV,
     CompiledStep,
     EagerStep,
@@ -17,4 +18,6 @@ from model.runtime.step import (
     load_step,
 )
 
-__all__ = ["RUNTIME_ENV", "CompiledStep", "EagerStep", "RuntimeInfo", "build", "compiled_extension", "load_step"]
+__all__ = [
+    "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "RuntimeInfo", "build", "compiled_extension", "load_step",
+]

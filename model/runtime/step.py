@@ -33,6 +33,7 @@ CFLAGS = ["-O2", "-fopenmp-simd"]
 KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/step.cpp's Kernel
 QUANTIZED = ("int8", "vnni")  # fbgemm's dynamic int8 linear; the runtime's own AVX-512 VNNI tiles
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
+CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/step.cpp's Capture: what a compiled search keeps
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
 DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
@@ -114,15 +115,27 @@ def compiled_extension():
         return _extension
     started = time.perf_counter()
     try:
-        _extension = build()
+        module = build()
+        check_codes(module)
     except Exception as error:  # no compiler, no Python headers, no ninja: the eager step still decodes
         _extension_error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error) else ''}"[:300]
         logger.warning(
             "decoding runtime: the compiled step could not be built, decoding eagerly (%s)", _extension_error
         )
         return None
+    _extension = module
     logger.info("decoding runtime: compiled step ready in %.1f s", time.perf_counter() - started)
     return _extension
+
+
+def check_codes(extension) -> None:
+    """The codes this file passes are the compiled step's: KERNELS and CAPTURE name its Kernel and Capture enums'
+    values, ACTIVATIONS map onto its Activation's."""
+    kernels = {int(value): name for name, value in extension.Kernel.__members__.items()}
+    captures = {name: int(value) for name, value in extension.Capture.__members__.items()}
+    activations = {int(value) for value in extension.Activation.__members__.values()}
+    if kernels != KERNELS or captures != CAPTURE or not set(ACTIVATIONS.values()) <= activations:
+        raise RuntimeError("model/runtime/step.py's codes disagree with csrc/step.cpp's enums")
 
 
 @dataclass
@@ -146,9 +159,9 @@ class RuntimeInfo:
 
 class EagerStep:
     """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search and the
-    scheduler drive its `decode_step`/`decode_rows` from Python (it has no compiled `loops`)."""
+    scheduler drive its `decode_step`/`decode_rows` from Python (it has no `compiled_search`)."""
 
-    loops = None
+    compiled_search = None  # no whole-search loops: the search drives decode_step from Python
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -229,7 +242,7 @@ class CompiledStep:
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
-        self.loops = self._runtime  # the compiled greedy and beam search loops (Runtime.greedy, Runtime.beam)
+        self.compiled_search = self._runtime  # whole searches in one call (Runtime.greedy, Runtime.beam)
         self.info = RuntimeInfo("compiled", precision, "")
         if choose:
             self.choose(precision)
@@ -290,9 +303,9 @@ class CompiledStep:
             raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
         if step >= self.model.positions.size(0):
             raise ValueError(f"position {step} exceeds max_position_embeddings={self.model.positions.size(0)}")
-        logits, cross = self._runtime.step(
-            last_ids, step, last_ids, cache.self_key, cache.self_value, step + 1, cache.self_mask,
-            cache.cross_key, cache.cross_value, cache.source_mask, need_weights,
+        logits, cross = self._runtime.step_at(
+            last_ids, step, cache.self_key, cache.self_value, cache.cross_key, cache.cross_value, cache.source_mask,
+            need_weights,
         )
         cache.length = step + 1
         return logits, (cross if need_weights else None)
@@ -300,9 +313,8 @@ class CompiledStep:
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`EagerStep.decode_rows` on the compiled step: every row at its own position."""
         cache.prepare()
-        level = cache.width - 1 if cache.self_mask is None else -1
-        logits, cross = self._runtime.step(
-            last_ids, level, cache.positions, cache.key_buffers, cache.value_buffers, cache.width, cache.self_mask,
+        logits, cross = self._runtime.step_rows(
+            last_ids, cache.positions, cache.key_buffers, cache.value_buffers, cache.width, cache.self_mask,
             cache.cross_key, cache.cross_value, cache.source_mask, need_weights,
         )
         cache.advance()
@@ -380,9 +392,9 @@ def load_step(model, precision: str = "float32"):
     if wanted not in ("auto", "eager", "compiled"):
         raise ValueError(f"{RUNTIME_ENV} must be auto, eager or compiled, not {wanted!r}")
     # int8 exists only in the compiled step; the eager step decodes the model's own (fp32) weights instead
-    unless = "" if precision != "int8" else "; int8 needs the compiled step, so float32 decodes"
+    int8_note = "" if precision != "int8" else "; int8 needs the compiled step, so float32 decodes"
     if wanted == "eager":
-        return EagerStep(model, f"{RUNTIME_ENV}=eager{unless}")
+        return EagerStep(model, f"{RUNTIME_ENV}=eager{int8_note}")
     device = model.final_logits_bias.device
     if device.type != "cpu":
         return EagerStep(model, f"the compiled step is measured on CPUs only; {device.type} decodes eagerly")
@@ -392,7 +404,7 @@ def load_step(model, precision: str = "float32"):
     if extension is None:
         if wanted == "compiled":
             raise RuntimeError(f"{RUNTIME_ENV}=compiled but the compiled step could not be built: {_extension_error}")
-        return EagerStep(model, f"the compiled step could not be built ({_extension_error}){unless}")
+        return EagerStep(model, f"the compiled step could not be built ({_extension_error}){int8_note}")
     step = CompiledStep(model, extension, precision)
     logger.info("decoding runtime: compiled %s step on %s, %s", precision, step.info.cpu, step.info.reason)
     return step

@@ -151,6 +151,9 @@ CPU_CLONES float dot_loop(const float* a, const float* b, int64_t n) {
 }
 
 enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+// What a search keeps of the cross-attention per step: nothing, every layer's and head's (N, L, h, S), or one
+// head's rows (N, S) (capture_head < 0: the layer's head average).
+enum Capture : int64_t { kCaptureNothing = 0, kCaptureEveryHead = 1, kCaptureOneHead = 2 };
 
 Tensor activate(const Tensor& x, int64_t activation) {
   switch (activation) {
@@ -1121,6 +1124,33 @@ class Runtime {
   // ((N, 1, 1, width) additive, or undefined); cross_key/cross_value per layer (N, h, S, d_k) and `source_mask`
   // ((N, 1, 1, S) additive or undefined). Returns logits (N, V) and, when asked, each layer's cross-attention
   // weights (N, h, S).
+  // One step of the static search's cache: every row at `position` (its K/V written there), attending to
+  // positions 0…position.
+  std::pair<Tensor, std::vector<Tensor>> step_at(const Tensor& ids, int64_t position,
+                                                 const std::vector<Tensor>& self_key,
+                                                 const std::vector<Tensor>& self_value,
+                                                 const std::vector<Tensor>& cross_key,
+                                                 const std::vector<Tensor>& cross_value,
+                                                 const c10::optional<Tensor>& source_mask, bool need_weights) {
+    return step(ids, position, ids, self_key, self_value, position + 1, c10::nullopt, cross_key, cross_value,
+                source_mask, need_weights);
+  }
+
+  // One step of the continuous scheduler's ragged rows: row r's K/V written at positions[r], attending to the
+  // first `width` positions through `self_mask` (rows, 1, 1, width), or, without one, every row at width - 1.
+  std::pair<Tensor, std::vector<Tensor>> step_rows(const Tensor& ids, const Tensor& positions,
+                                                   const std::vector<Tensor>& self_key,
+                                                   const std::vector<Tensor>& self_value, int64_t width,
+                                                   const c10::optional<Tensor>& self_mask,
+                                                   const std::vector<Tensor>& cross_key,
+                                                   const std::vector<Tensor>& cross_value,
+                                                   const c10::optional<Tensor>& source_mask, bool need_weights) {
+    const int64_t level = self_mask.has_value() ? -1 : width - 1;
+    return step(ids, level, positions, self_key, self_value, width, self_mask, cross_key, cross_value, source_mask,
+                need_weights);
+  }
+
+  // `level` >= 0: every row at that position; -1: row r at positions[r] (step_at and step_rows say which).
   std::pair<Tensor, std::vector<Tensor>> step(const Tensor& ids, int64_t level, const Tensor& positions,
                                               const std::vector<Tensor>& self_key,
                                               const std::vector<Tensor>& self_value, int64_t width,
@@ -1333,11 +1363,11 @@ class Runtime {
   }
 
   // ---- the search loops (model/search.py's _greedy and _beam on the CPU, line for line) ----------------------
-  // capture: 0 nothing, 1 every layer's and head's cross-attention per step (N, L, h, S), 2 one head's rows (N, S)
-  // (capture_head < 0: the layer's head average).
+  // capture: a Capture (every layer's and head's cross-attention per step (N, L, h, S), or one head's rows (N, S),
+  // capture_head < 0: the layer's head average).
   Tensor keep(const std::vector<Tensor>& cross, int64_t capture, int64_t layer, int64_t head) const {
-    if (capture == 1) return at::stack(cross, 1);
-    if (capture == 2) return head < 0 ? cross[layer].mean(1) : cross[layer].select(1, head);
+    if (capture == kCaptureEveryHead) return at::stack(cross, 1);
+    if (capture == kCaptureOneHead) return head < 0 ? cross[layer].mean(1) : cross[layer].select(1, head);
     return Tensor();
   }
 
@@ -1364,7 +1394,7 @@ class Runtime {
     std::vector<std::vector<int64_t>> actives;
     Tensor last_tokens = at::full({batch}, start, longs);
     for (int64_t step = 0; step < width; ++step) {
-      auto [logits, cross] = run_step(last_tokens, step, cache, capture != 0);
+      auto [logits, cross] = run_step(last_tokens, step, cache, capture != kCaptureNothing);
       std::vector<int64_t> ending;
       for (size_t row = 0; row < active.size(); ++row)
         if (budgets[active[row]] <= step + 1) ending.push_back(row);
@@ -1376,7 +1406,7 @@ class Runtime {
       Tensor ended = alive & best.eq(eos);
       out_length.index_put_({rows_of}, at::where(ended, at::scalar_tensor(step + 1, longs), out_length.index({rows_of})));
       alive = alive & ~ended;
-      if (capture != 0) {
+      if (capture != kCaptureNothing) {
         attention_steps.push_back(keep(cross, capture, capture_layer, capture_head));
         actives.push_back(active);
       }
@@ -1443,8 +1473,8 @@ class Runtime {
       // CTranslate2 does on a CPU): every beam starts from the same start token, and only beam 0's scores count.
       const bool first = step == 0 && k > 1;
       const bool banned = step + 1 < min_new_tokens;
-      auto [out, cross] = first ? first_step(last_tokens, k, cache, capture != 0, fused)
-                                : run_step(last_tokens, step, cache, capture != 0, fused);
+      auto [out, cross] = first ? first_step(last_tokens, k, cache, capture != kCaptureNothing, fused)
+                                : run_step(last_tokens, step, cache, capture != kCaptureNothing, fused);
       Tensor row_logprob, row_token;  // (rows, 2k): each row's 2k best next tokens, rows = G·k (G at the first step)
       if (fused) {  // `out`: the last layer's states, of one row per input at the first step
         std::vector<char> ending;
@@ -1803,6 +1833,22 @@ Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bo
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The codes Python passes (model/runtime/step.py's KERNELS and ACTIVATIONS are checked against these at load).
+  pybind11::enum_<Kernel>(m, "Kernel")
+      .value("linear", kLinear)
+      .value("transposed", kTransposed)
+      .value("int8", kInt8)
+      .value("onednn", kOneDnn)
+      .value("vnni", kVnni);
+  pybind11::enum_<Activation>(m, "Activation")
+      .value("silu", kSilu)
+      .value("relu", kRelu)
+      .value("gelu", kGelu)
+      .value("gelu_tanh", kGeluTanh);
+  pybind11::enum_<Capture>(m, "Capture")
+      .value("nothing", kCaptureNothing)
+      .value("every_head", kCaptureEveryHead)
+      .value("one_head", kCaptureOneHead);
   pybind11::class_<LinearPackedParamsBase, Packed>(m, "Int8Weight");
   m.def("prepack", &prepack);
   m.def("int8_linear", &int8_linear, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
@@ -1828,7 +1874,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         at::InferenceMode guard;
         return runtime.matmuls().back()->run(x, kernel);
       })
-      .def("step", &Runtime::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("step_at", &Runtime::step_at, pybind11::arg("ids"), pybind11::arg("position"), pybind11::arg("self_key"),
+           pybind11::arg("self_value"), pybind11::arg("cross_key"), pybind11::arg("cross_value"),
+           pybind11::arg("source_mask"), pybind11::arg("need_weights"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("step_rows", &Runtime::step_rows, pybind11::arg("ids"), pybind11::arg("positions"),
+           pybind11::arg("self_key"), pybind11::arg("self_value"), pybind11::arg("width"), pybind11::arg("self_mask"),
+           pybind11::arg("cross_key"), pybind11::arg("cross_value"), pybind11::arg("source_mask"),
+           pybind11::arg("need_weights"), pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("greedy", &Runtime::greedy, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("beam", &Runtime::beam, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
