@@ -277,7 +277,6 @@ def _rows_of(flags: list[bool], k: int) -> list[int]:
     return [g * k + j for g, flag in enumerate(flags) if flag for j in range(k)]
 
 
-@torch.inference_mode()
 class Scheduler:
     """Iteration-level batching over one model: `submit`, then `step()` until the requests are done.
 

@@ -349,7 +349,7 @@ def _greedy(
     device = encoder.hidden.device
     batch, width = len(lengths), max(budgets)
     loops = _compiled_loop(step, capture)
-    if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::greedy)
+    if loops is not None:  # the same loop, compiled: model/runtime/csrc/decoding.h (Runtime::greedy)
         out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
             *_cross_inputs(step, encoder), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
             config.decoder_start_token_id, *capture.codes(),
@@ -453,7 +453,7 @@ def _beam(
     batch = len(lengths)
     ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
     loops = _compiled_loop(step, capture)
-    if loops is not None:  # the same loop, compiled: model/runtime/csrc/step.cpp (Runtime::beam)
+    if loops is not None:  # the same loop, compiled: model/runtime/csrc/decoding.h (Runtime::beam)
         records, finals = loops.beam(
             *_cross_inputs(step, encoder), budgets, k, float(length_penalty), min_new_tokens,
             config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),

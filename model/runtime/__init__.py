@@ -2,7 +2,7 @@
 matmul kernels measured on the real weights when a model loads, and the lecture model's eager step as the fallback.
 
 `load_step(model, precision)` gives what the search and the continuous scheduler step through; `build()` compiles
-the C++ step (model/runtime/csrc/step.cpp, over ATen) ahead of time, as the Dockerfile and CI do.
+the C++ step (model/runtime/csrc/, over ATen) ahead of time, as the Dockerfile and CI do.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compiled decoding step (csrc/step.cpp) built and loaded, its kernels chosen on the running machine, and the
+"""The compiled decoding step (csrc/: bindings.cpp and the headers it includes) built and loaded, its kernels chosen on the running machine, and the
 eager step it falls back to; both expose `decode_step` (the static search's cache) and `decode_rows` (the continuous
 scheduler's ragged rows)."""
 
@@ -26,14 +26,15 @@ logger = logging.getLogger("model.runtime")
 
 RUNTIME_ENV = "TRANSLATE_RUNTIME"  # auto (default): compiled if it builds, else eager; eager; compiled (required)
 BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
-SOURCE = Path(__file__).parent / "csrc" / "step.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "bindings.cpp"  # the one translation unit: it includes every header of csrc/
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
-# levels in one build and the loader picks this CPU's (target_clones in step.cpp), so no -march flag
+# levels in one build and the loader picks this CPU's (target_clones in csrc/common.h), so no -march flag
 CFLAGS = ["-O2", "-fopenmp-simd"]
-KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/step.cpp's Kernel
+KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/common.h's Kernel
 QUANTIZED = ("int8", "vnni")  # fbgemm's dynamic int8 linear; the runtime's own AVX-512 VNNI tiles
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
-CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/step.cpp's Capture: what a compiled search keeps
+CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/common.h's Capture: what a compiled search keeps
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
 DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
@@ -68,9 +69,16 @@ def build_directory() -> Path:
     return Path(os.environ.get(BUILD_DIR_ENV) or default)
 
 
+def source_files() -> list[Path]:
+    """Every source of the compiled step: bindings.cpp and the headers under csrc/."""
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".cpp", ".h"))
+
+
 def source_digest() -> str:
-    """What a built step must match: its source, its compiler flags, this torch and this Python."""
-    key = SOURCE.read_bytes() + f"|{CFLAGS}|{torch.__version__}|{sys.version_info[:2]}".encode()
+    """What a built step must match: every source file (its path and bytes), its compiler flags, this torch and
+    this Python."""
+    key = b"".join(str(p.relative_to(CSRC)).encode() + b"\0" + p.read_bytes() for p in source_files())
+    key += f"|{CFLAGS}|{torch.__version__}|{sys.version_info[:2]}".encode()
     return hashlib.sha256(key).hexdigest()
 
 
@@ -135,7 +143,7 @@ def check_codes(extension) -> None:
     captures = {name: int(value) for name, value in extension.Capture.__members__.items()}
     activations = {int(value) for value in extension.Activation.__members__.values()}
     if kernels != KERNELS or captures != CAPTURE or not set(ACTIVATIONS.values()) <= activations:
-        raise RuntimeError("model/runtime/step.py's codes disagree with csrc/step.cpp's enums")
+        raise RuntimeError("model/runtime/step.py's codes disagree with csrc/common.h's enums")
 
 
 @dataclass
@@ -176,6 +184,7 @@ class EagerStep:
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         return self.model.decode_step(last_ids, cache, need_weights)
 
+    @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
         """One decoder step for every row of the continuous scheduler's ragged cache (model.scheduler.RaggedCache)
         at its own position: logits (N, V), cross-attention per layer (N, h, S)."""

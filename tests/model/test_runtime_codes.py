@@ -1,5 +1,6 @@
 """The codes Python passes the compiled step are its own enums' (pybind11 Kernel, Activation, Capture), and its
-step takes named arguments: step_at for the static search's cache, step_rows for the continuous scheduler's rows."""
+step takes named arguments: step_at for the static search's cache, step_rows for the continuous scheduler's rows;
+the build digest covers every source."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 from model.runtime import CAPTURE, compiled_extension
 from model.runtime.step import ACTIVATIONS, KERNELS
 
-pytestmark = pytest.mark.skipif(compiled_extension() is None, reason="the compiled runtime is not built here")
+needs_compiled = pytest.mark.skipif(compiled_extension() is None, reason="the compiled runtime is not built here")
 
 
+@needs_compiled
 def test_the_python_codes_are_the_compiled_enums():
     extension = compiled_extension()
     assert {int(v): name for name, v in extension.Kernel.__members__.items()} == KERNELS
@@ -18,7 +20,28 @@ def test_the_python_codes_are_the_compiled_enums():
     assert set(ACTIVATIONS.values()) <= {int(v) for v in extension.Activation.__members__.values()}
 
 
+@needs_compiled
 def test_the_step_bindings_name_their_arguments():
     docs = compiled_extension().Runtime.step_at.__doc__ + compiled_extension().Runtime.step_rows.__doc__
     for name in ("position", "positions", "width", "self_mask", "source_mask", "need_weights"):
         assert f"{name}:" in docs
+
+
+def test_the_build_digest_covers_every_source(tmp_path, monkeypatch):
+    """A built step is reused only while every source under csrc/ (bindings.cpp and each header) is unchanged."""
+    import shutil
+
+    from model.runtime import step
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(step.CSRC, copy)
+    monkeypatch.setattr(step, "CSRC", copy)
+    sources = step.source_files()
+    assert {p.name for p in sources} >= {"bindings.cpp", "runtime.h", "decoding.h", "linear.h", "vnni.h"}
+    before = step.source_digest()
+    for source in sources:
+        original = source.read_bytes()
+        source.write_bytes(original + b"\n")
+        assert step.source_digest() != before, source.name
+        source.write_bytes(original)
+    assert step.source_digest() == before

@@ -1,0 +1,174 @@
+// Scaled dot-product attention over a cache: one query per row, fp32 loops on the CPU, ATen elsewhere.
+#pragma once
+
+#include "kernels/cpu_loops.h"
+
+namespace {
+
+// One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. Each q·k
+// sum and each Σ_j stays one chain of multiply-adds in index order: summed in vector lanes they moved a random
+// checkpoint's log-probabilities by 2.4e-5, past the 1e-5 the runtime keeps to the reference
+// (tests/model/test_runtime.py). Several chains run side by side instead, which leaves each result the same to
+// the bit: eight keys' q·k as scalars (a key at a time, each multiply-add waited for the last: 70 % of this
+// function), and 64 output columns of Σ_j w_j v_j in four vectors. `lanes` (the int8 mode, which keeps no bit
+// to the reference): each q·k summed in vector lanes instead, four keys at a time (attend_one was 13 % of a 16-text
+// int8 decode with the chains).
+constexpr int64_t kKeys = 8;
+
+CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
+                           const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale,
+                           float* w, float* out, bool lanes) {
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t first_chained = 0;
+  if (lanes) {
+    int64_t j = 0;
+    for (; j + 4 <= length; j += 4) {
+      const float *k0 = k + j * k_pos, *k1 = k0 + k_pos, *k2 = k1 + k_pos, *k3 = k2 + k_pos;
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t c = 0; c < d_k; ++c) {
+        s0 += query[c] * k0[c];
+        s1 += query[c] * k1[c];
+        s2 += query[c] * k2[c];
+        s3 += query[c] * k3[c];
+      }
+      w[j] = s0;
+      w[j + 1] = s1;
+      w[j + 2] = s2;
+      w[j + 3] = s3;
+    }
+    for (; j < length; ++j) {
+      const float* key = k + j * k_pos;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < d_k; ++c) sum += query[c] * key[c];
+      w[j] = sum;
+    }
+    first_chained = length;
+  }
+  for (int64_t j0 = first_chained; j0 < length; j0 += kKeys) {
+    // kKeys keys' chains in flight, each in index order; a last block of fewer keys repeats its last key
+    const int64_t n = length - j0 < kKeys ? length - j0 : kKeys;
+    const float* key[kKeys];
+    for (int64_t l = 0; l < kKeys; ++l) key[l] = k + (j0 + (l < n ? l : n - 1)) * k_pos;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+    for (int64_t c = 0; c < d_k; ++c) {
+      const float q = query[c];
+      s0 += q * key[0][c];
+      s1 += q * key[1][c];
+      s2 += q * key[2][c];
+      s3 += q * key[3][c];
+      s4 += q * key[4][c];
+      s5 += q * key[5][c];
+      s6 += q * key[6][c];
+      s7 += q * key[7][c];
+    }
+    const float sums[kKeys] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int64_t l = 0; l < n; ++l) w[j0 + l] = sums[l];
+  }
+  for (int64_t j = 0; j < length; ++j) {
+    float dot = w[j] * scale;
+    if (mask) dot += mask[j * m_pos];
+    w[j] = dot;
+    top = dot > top ? dot : top;
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < length; ++j) {
+    w[j] = std::exp(w[j] - top);
+    total += w[j];
+  }
+  const float inverse = 1.0f / total;
+  for (int64_t j = 0; j < length; ++j) w[j] *= inverse;
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d_k; c0 += 64) {  // four vectors' chains in flight
+    float s0[16] = {}, s1[16] = {}, s2[16] = {}, s3[16] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      const float weight = w[j];
+      const float* value = v + j * v_pos + c0;
+#pragma omp simd
+      for (int64_t l = 0; l < 16; ++l) {
+        s0[l] += weight * value[l];
+        s1[l] += weight * value[16 + l];
+        s2[l] += weight * value[32 + l];
+        s3[l] += weight * value[48 + l];
+      }
+    }
+    for (int64_t l = 0; l < 16; ++l) {
+      out[c0 + l] = s0[l];
+      out[c0 + 16 + l] = s1[l];
+      out[c0 + 32 + l] = s2[l];
+      out[c0 + 48 + l] = s3[l];
+    }
+  }
+  for (; c0 + 16 <= d_k; c0 += 16) {
+    float sums[16] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      const float weight = w[j];
+      const float* value = v + j * v_pos + c0;
+#pragma omp simd
+      for (int64_t l = 0; l < 16; ++l) sums[l] += weight * value[l];
+    }
+    for (int64_t l = 0; l < 16; ++l) out[c0 + l] = sums[l];
+  }
+  for (int64_t c = c0; c < d_k; ++c) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < length; ++j) sum += w[j] * v[j * v_pos + c];
+    out[c] = sum;
+  }
+}
+
+// softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
+// dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined; `kv_rows` (N,) long, when defined,
+// the row of key, value and mask each query reads (a search's rows of a source that others left). Returns the
+// heads' contexts side by side (N, h·d_k) and the weights (N·h, 1, t). `lanes`: attend_one's.
+std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
+                                     int64_t heads, const Tensor& kv_rows, bool lanes) {
+  const int64_t rows = q.size(0), length = key.size(2), d_k = key.size(3);
+  const Tensor at_rows = kv_rows.defined() ? kv_rows.contiguous() : Tensor();
+  const int64_t* row_of = at_rows.defined() ? at_rows.data_ptr<int64_t>() : nullptr;
+  Tensor context = at::empty({rows, heads * d_k}, q.options());
+  Tensor weights = at::empty({rows * heads, 1, length}, q.options());
+  const float* qs = q.data_ptr<float>();
+  const float* ks = key.data_ptr<float>();
+  const float* vs = value.data_ptr<float>();
+  const float* ms = mask.defined() ? mask.data_ptr<float>() : nullptr;
+  float* cs = context.data_ptr<float>();
+  float* ws = weights.data_ptr<float>();
+  const int64_t k_row = key.stride(0), k_head = key.stride(1), k_pos = key.stride(2);
+  const int64_t v_row = value.stride(0), v_head = value.stride(1), v_pos = value.stride(2);
+  const int64_t m_row = mask.defined() ? mask.stride(0) : 0, m_pos = mask.defined() ? mask.stride(3) : 0;
+  const int64_t q_row = q.stride(0);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_k)));
+  at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t r = index / heads, h = index % heads, kv = row_of ? row_of[r] : r;
+      attend_one(qs + r * q_row + h * d_k, ks + kv * k_row + h * k_head, k_pos, vs + kv * v_row + h * v_head, v_pos,
+                 ms ? ms + kv * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
+                 cs + r * heads * d_k + h * d_k, lanes);
+    }
+  });
+  return {context, weights};
+}
+
+std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
+                                 int64_t heads, const Tensor& kv_rows = Tensor(), bool lanes = false) {
+  const int64_t head_width = key.size(3);
+  const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
+  if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
+      heads_side_by_side && (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu())) {
+    return attend_cpu(q, key, value, mask, heads, kv_rows, lanes);
+  }
+  if (kv_rows.defined()) {
+    return attend(q, key.index_select(0, kv_rows), value.index_select(0, kv_rows),
+                  mask.defined() ? mask.index_select(0, kv_rows) : mask, heads);
+  }
+  const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
+  Tensor scores = at::bmm(q.reshape({rows * heads, 1, d_k}), key.view({rows * heads, length, d_k}).transpose(1, 2));
+  scores.mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
+  if (mask.defined()) scores.view({rows, heads, 1, length}).add_(mask);
+  Tensor weights = scores.softmax(-1);
+  Tensor context = at::bmm(weights, value.view({rows * heads, length, d_k}));
+  return {context.view({rows, heads * d_k}), weights};
+}
+
+}  // namespace

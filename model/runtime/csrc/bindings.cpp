@@ -1,0 +1,90 @@
+// The runtime's Python bindings and the one translation unit the build compiles: every part is a header
+// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; runtime.h; decoding.h),
+// included once here, so that the CPU-level clones and the anonymous namespace stay one unit.
+// The decoding runtime's step: every decoder layer, the output projection and the fast modes' rescoring of the
+// best candidates, for one new position per row, in one call from Python. The arithmetic is model/transformer.py's
+// DecoderLayer.step (the reference it is tested against), on ATen ops, so it runs on any device ATen does; only the
+// int8 kernels (fbgemm's dynamic quantized linear) are CPU-only.
+// ATen and the pybind11 casters for its types only: torch/extension.h pulls in the whole C++ frontend (torch::nn,
+// optim, data), which nothing here uses and which cost a fresh machine half of the build's time.
+
+#include "decoding.h"
+
+
+// Prepack an int8 per-channel quantized weight (a quantized tensor made in Python) for fbgemm's dynamic linear.
+Packed prepack(const Tensor& quantized) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("quantized::linear_prepack", "")
+                       .typed<Packed(Tensor, std::optional<Tensor>)>();
+  return op.call(quantized, std::nullopt);
+}
+
+// x Wᵀ + b through the int8 kernel alone (tests): activations scaled per row first (`per_row`), or quantized with
+// one scale for the whole call as fbgemm does by itself; then `activation` (an Activation, -1 none) as a layer's
+// fc1 runs it (SiLU fused into the per-row scale pass). `vnni`: through the VNNI tiles instead of fbgemm (rows
+// quantized per row either way).
+Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bool per_row, bool reduce_range,
+                   int64_t activation, bool vnni) {
+  at::InferenceMode guard;
+  if (!per_row && !vnni) return weight->apply_dynamic(x, reduce_range).add_(bias);
+  Linear linear;
+  linear.attach_int8(weight);
+  linear.bias = bias;
+  linear.reduce_range = reduce_range;
+  TORCH_CHECK(!vnni || linear.vnni, "this CPU has no AVX-512 VNNI");
+  return linear.run(x, vnni ? kVnni : kInt8, activation);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The codes Python passes (model/runtime/step.py's KERNELS and ACTIVATIONS are checked against these at load).
+  pybind11::enum_<Kernel>(m, "Kernel")
+      .value("linear", kLinear)
+      .value("transposed", kTransposed)
+      .value("int8", kInt8)
+      .value("onednn", kOneDnn)
+      .value("vnni", kVnni);
+  pybind11::enum_<Activation>(m, "Activation")
+      .value("silu", kSilu)
+      .value("relu", kRelu)
+      .value("gelu", kGelu)
+      .value("gelu_tanh", kGeluTanh);
+  pybind11::enum_<Capture>(m, "Capture")
+      .value("nothing", kCaptureNothing)
+      .value("every_head", kCaptureEveryHead)
+      .value("one_head", kCaptureOneHead);
+  pybind11::class_<LinearPackedParamsBase, Packed>(m, "Int8Weight");
+  m.def("prepack", &prepack);
+  m.def("int8_linear", &int8_linear, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("per_row"), pybind11::arg("reduce_range"), pybind11::arg("activation") = -1,
+        pybind11::arg("vnni") = false);
+  m.def("has_vnni", &cpu_has_vnni);
+  pybind11::class_<Runtime>(m, "Runtime")
+      .def(pybind11::init<Tensor, Tensor, double, int64_t, int64_t, double>())
+      .def("add_layer", &Runtime::add_layer)
+      .def("add_encoder_layer", &Runtime::add_encoder_layer)
+      .def("set_encoder_embedding", &Runtime::set_encoder_embedding)
+      .def("encode", &Runtime::encode, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("cross_key_values", &Runtime::cross_key_values, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("set_output", &Runtime::set_output)
+      .def("choose", &Runtime::choose)
+      .def("force", &Runtime::force)
+      .def("kernels", &Runtime::kernels)
+      .def("logits", [](const Runtime& runtime, const Tensor& x) {
+        at::InferenceMode guard;
+        return runtime.logits(x);
+      })
+      .def("output", [](Runtime& runtime, const Tensor& x, int64_t kernel) {
+        at::InferenceMode guard;
+        return runtime.matmuls().back()->run(x, kernel);
+      })
+      .def("step_at", &Runtime::step_at, pybind11::arg("ids"), pybind11::arg("position"), pybind11::arg("self_key"),
+           pybind11::arg("self_value"), pybind11::arg("cross_key"), pybind11::arg("cross_value"),
+           pybind11::arg("source_mask"), pybind11::arg("need_weights"),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("step_rows", &Runtime::step_rows, pybind11::arg("ids"), pybind11::arg("positions"),
+           pybind11::arg("self_key"), pybind11::arg("self_value"), pybind11::arg("width"), pybind11::arg("self_mask"),
+           pybind11::arg("cross_key"), pybind11::arg("cross_value"), pybind11::arg("source_mask"),
+           pybind11::arg("need_weights"), pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("greedy", &Runtime::greedy, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("beam", &Runtime::beam, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

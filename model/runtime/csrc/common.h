@@ -1,0 +1,72 @@
+// What every part of the runtime shares: ATen and the pybind11 casters for its types only (torch/extension.h pulls
+// in the whole C++ frontend, which nothing here uses and which cost a fresh machine half of the build's time), the
+// codes Python passes (Kernel, Activation, Capture: pybind11 enums in bindings.cpp) and the CPU-level macros.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/native/quantized/PackedParams.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using Packed = c10::intrusive_ptr<LinearPackedParamsBase>;
+
+// How one matmul multiplies: the candidates the runtime times on the real weights when a model loads.
+enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2, kOneDnn = 3, kVnni = 4 };
+
+// fbgemm's int8 kernel or the VNNI tiles: the two whose numbers are quantized.
+bool quantized(int64_t kernel) { return kernel == kInt8 || kernel == kVnni; }
+
+enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
+// What a search keeps of the cross-attention per step: nothing, every layer's and head's (N, L, h, S), or one
+// head's rows (N, S) (capture_head < 0: the layer's head average).
+enum Capture : int64_t { kCaptureNothing = 0, kCaptureEveryHead = 1, kCaptureOneHead = 2 };
+
+bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; }
+
+
+// The loops below are compiled three times, for AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64,
+// and the loader picks the one this CPU runs (GCC's target_clones): one build serves every machine it lands on.
+// (Helpers are written out inside them: GCC does not inline another function into a target clone.) Their
+// sums are `omp simd` reductions (built with -fopenmp-simd: vector lanes, no threads), so they may add in
+// another order than a scalar loop: float32 rounding, as the matmul kernels already differ between CPUs.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CPU_CLONES
+#endif
+// Independent scalar chains left as scalars: GCC's straight-line vectorizer packs them into one vector filled lane
+// by lane from strided loads, which costs more than the chains side by side.
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#else
+#define NO_SLP
+#endif
+
+// Each row of x (rows, cols) over its largest magnitude: y = x / scale, scale (rows, 1).
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
