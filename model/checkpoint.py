@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.errors import CheckpointError
+from model.runtime.spec import check as check_runtime_spec
 from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> Tra
     config = ModelConfig.load(directory / "config.json")
     model = Transformer(config)
     load_state(model, _read_safetensors(directory), source=str(directory / WEIGHTS_NAME))
+    check_runtime_spec(model, source=str(directory / WEIGHTS_NAME))  # what the compiled runtime will read
     if dtype == torch.float32:
         return model.eval()
     return model.cast_weights(dtype).eval()  # matrices in dtype, norms and activations in fp32

@@ -1,6 +1,6 @@
-"""The compiled decoding step (csrc/: bindings.cpp and the headers it includes) built and loaded, its kernels chosen on the running machine, and the
-eager step it falls back to; both expose `decode_step` (the static search's cache) and `decode_rows` (the continuous
-scheduler's ragged rows)."""
+"""The compiled decoding step (csrc/: bindings.cpp and the headers it includes) built and loaded, its kernels chosen on
+the running machine, and the eager step it falls back to; both expose `decode_step` (the static search's cache) and
+`decode_rows` (the continuous scheduler's ragged rows)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from model.runtime import spec as weight_spec
 from model.runtime.quantize import quantize_per_channel
 from model.topk import RESCORED_CANDIDATES
 
@@ -37,7 +38,6 @@ ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu
 CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/common.h's Capture: what a compiled search keeps
 SMALL_ROWS, LARGE_ROWS = 4, 64  # rows the kernels are timed at: one text's beam of 4, sixteen texts' beams
 CHOICE_REPEATS = 3  # the fastest of this many interleaved runs of each candidate
-DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
 
 _extension: object | None = None
 _extension_error: str | None = None
@@ -218,36 +218,33 @@ class CompiledStep:
         config = model.config
         int8 = precision == "int8"
         reduce = reduce_range(extension)
+        spec = weight_spec.check(model, "the compiled step")  # every tensor it reads, by name and shape
+        tensors = weight_spec.model_tensors(model)
         self._runtime = extension.Runtime(
-            _detached(model.decoder_embed_tokens.weight), _detached(model.positions), float(model.embed_scale),
+            _detached(tensors[spec.decoder_embedding[0]]), _detached(model.positions), float(model.embed_scale),
             config.decoder_attention_heads, ACTIVATIONS[config.activation_function],
             float(model.decoder_layers[0].final_layer_norm.eps),
         )
         self.names: list[str] = []
-        self._runtime.set_encoder_embedding(_detached(model.encoder_embed_tokens.weight))
-        for i, layer in enumerate(model.encoder_layers):
-            own, ffn = layer.self_attn, layer.feed_forward
-            weights, biases = _matmuls([(own.q_proj, own.k_proj, own.v_proj), (own.out_proj,), (ffn.fc1,), (ffn.fc2,)])
-            norms = _norms(layer.self_attn_layer_norm, layer.final_layer_norm)
+        self._runtime.set_encoder_embedding(_detached(tensors[spec.encoder_embedding[0]]))
+        for layer in spec.encoder:
+            weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
+            weights, biases = list(weights), list(biases)
             # int8 candidates for the encoder's feed-forward only, and only where activations keep all 8 bits
             # (VNNI): its attention projections in int8 too cost zh-en 0.31 BLEU, the whole encoder in 7 bits
             # en-zh 0.54 (bench.fast_modes; docs/decisions.md)
             packed = [None, None, *(_prepack(extension, w) for w in weights[2:])] if int8 and not reduce else []
-            self._runtime.add_encoder_layer(weights, biases, norms, packed, reduce)
-            self.names += [f"encoder.{i}.{name}" for name in ("qkv", "out", "fc1", "fc2")]
-        for i, layer in enumerate(model.decoder_layers):
-            own, cross, ffn = layer.self_attn, layer.encoder_attn, layer.feed_forward
-            weights, biases = _matmuls([  # in DECODER_MATMULS' order
-                (own.q_proj, own.k_proj, own.v_proj), (own.out_proj,), (cross.q_proj,), (cross.out_proj,),
-                (ffn.fc1,), (ffn.fc2,), (cross.k_proj, cross.v_proj),
-            ])
-            norms = _norms(layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
+            self._runtime.add_encoder_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
+            self.names += [m.name for m in layer.matmuls]
+        for layer in spec.decoder:  # matmuls in model.runtime.spec.DECODER_MATMULS' order
+            weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
+            weights, biases = list(weights), list(biases)
             packed = [_prepack(extension, w) for w in weights] if int8 else []
-            self._runtime.add_layer(weights, biases, norms, packed, reduce)
-            self.names += [f"{i}.{name}" for name in DECODER_MATMULS]
-        output = _detached(model.output_weight)
+            self._runtime.add_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
+            self.names += [m.name for m in layer.matmuls]
+        output = _detached(tensors[spec.output[0]])
         self._runtime.set_output(
-            output, _detached(model.final_logits_bias), [_prepack(extension, output)] if int8 else [], reduce,
+            output, _detached(tensors[spec.output_bias[0]]), [_prepack(extension, output)] if int8 else [], reduce,
             RESCORED_CANDIDATES,
         )
         self.names.append("output")
@@ -338,17 +335,6 @@ def reduce_range(extension) -> bool:
 
 def _detached(tensor: Tensor) -> Tensor:
     return tensor.detach().float().contiguous()
-
-
-def _matmuls(groups: list[tuple]) -> tuple[list[Tensor], list[Tensor]]:
-    """Weights and biases of each group of linear layers, a group's stacked into one matmul (Q, K, V fused)."""
-    weights = [torch.cat([_detached(linear.weight) for linear in group]) for group in groups]
-    biases = [torch.cat([_detached(linear.bias) for linear in group]) for group in groups]
-    return weights, biases
-
-
-def _norms(*norms) -> list[Tensor]:
-    return [_detached(p) for norm in norms for p in (norm.weight, norm.bias)]
 
 
 def _weights_stamp(slots: list[tuple[dict, str]]) -> tuple:
