@@ -114,8 +114,8 @@ def engine_comparison(translator, sentences: list[str], beam_size: int, rounds: 
     """The engine alone, no service: 32 dev sentences decoded by the static search in one batch, and submitted
     together to the continuous scheduler, one thread; best of `rounds` each, seconds."""
     from model import DecodingOptions
-    from model.scheduler import Scheduler
-    from model.search import beam_search
+    from model.decoding.scheduler import Scheduler
+    from model.decoding.search import beam_search
 
     ids = translator.encode_source(sentences[:32])
     options = DecodingOptions(beam_size=beam_size)
@@ -144,9 +144,9 @@ def closed_loop_comparison(
     scheduler's time goes (its step's phases, ms per text, in the median round)."""
     import statistics
 
-    import model.scheduler as scheduler_module
+    import model.decoding.scheduler as scheduler_module
     from model import DecodingOptions
-    from model.search import beam_search
+    from model.decoding.search import beam_search
 
     ids = translator.encode_source(sentences[:texts])
     options = DecodingOptions(beam_size=beam_size)

@@ -1,18 +1,7 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
-from model.agreement import (
-    ALIGNMENT_METHODS,
-    DEFAULT_ALIGNMENT,
-    AgreedAlignment,
-    AlignmentMethod,
-    AlignmentRows,
-    agreed_alignment,
-)
-from model.attribution import DEFAULT_STEPS as ATTRIBUTION_DEFAULT_STEPS
-from model.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
-from model.attribution import METHODS as ATTRIBUTION_METHODS
-from model.attribution import Attributions
 from model.config import ModelConfig
+from model.decoding.search import Hypothesis
 from model.errors import (
     CheckpointError,
     DecoderBusyError,
@@ -21,9 +10,20 @@ from model.errors import (
     TranslatorError,
     UnknownModelError,
 )
-from model.explain import AttentionSteps
+from model.explanations.agreement import (
+    ALIGNMENT_METHODS,
+    DEFAULT_ALIGNMENT,
+    AgreedAlignment,
+    AlignmentMethod,
+    AlignmentRows,
+    agreed_alignment,
+)
+from model.explanations.attribution import DEFAULT_STEPS as ATTRIBUTION_DEFAULT_STEPS
+from model.explanations.attribution import MAX_STEPS as ATTRIBUTION_MAX_STEPS
+from model.explanations.attribution import METHODS as ATTRIBUTION_METHODS
+from model.explanations.attribution import Attributions
+from model.explanations.explain import AttentionSteps
 from model.options import MAX_BEAM_SIZE, DecodingOptions
-from model.search import Hypothesis
 from model.transformer import Transformer
 from model.translator import Explanation, StreamedToken, Translation, Translator
 from model.trust import DEFAULT_TRUST_MODE, FLAG_KINDS, TRUST_MODES, Trust, TrustFlag

@@ -18,17 +18,29 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.agreement import AlignmentChoice, AlignmentItem, AlignmentMethod, AlignmentRows, agreed_alignment
-from model.alignment import alignment_matrix, attention_links, shift_rows
-from model.attribution import Attributions, attribute
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
+from model.decoding.scheduler import DecodeLoop, TokenCallback
+from model.decoding.search import Hypothesis, beam_search, length_budget
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
-from model.explain import AttentionSteps, attention_steps, forced_alignment_rows, forced_decode, forced_logprobs
+from model.explanations.agreement import (
+    AlignmentChoice,
+    AlignmentItem,
+    AlignmentMethod,
+    AlignmentRows,
+    agreed_alignment,
+)
+from model.explanations.alignment import alignment_matrix, attention_links, shift_rows
+from model.explanations.attribution import Attributions, attribute
+from model.explanations.explain import (
+    AttentionSteps,
+    attention_steps,
+    forced_alignment_rows,
+    forced_decode,
+    forced_logprobs,
+)
 from model.options import DecodingOptions
 from model.runtime import load_step
 from model.runtime.step import weights_precision
-from model.scheduler import DecodeLoop, TokenCallback
-from model.search import Hypothesis, beam_search, length_budget
 from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
 from model.trust import (
@@ -99,7 +111,8 @@ class Translation:
     target_words: list[str]
     cross_attention: Tensor | None = None  # (layers, heads, T, S)
     alternatives: list[Translation] = field(default_factory=list)
-    alignment_method: AlignmentMethod = AlignmentMethod.HEAD  # one link per target token; AGREEMENT: model.agreement
+    # HEAD: one link per target token; AGREEMENT: model.explanations.agreement
+    alignment_method: AlignmentMethod = AlignmentMethod.HEAD
     alignment_note: str | None = None  # why "agreement" was asked for and "head" given
     # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
     alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
@@ -424,7 +437,7 @@ class Translator:
     _loop: DecodeLoop | None = None
 
     def start_continuous(self, max_rows: int = 64, max_waiting: int = 1024) -> None:
-        """Start the continuous-batching loop `submit` feeds (model.scheduler.DecodeLoop): texts join
+        """Start the continuous-batching loop `submit` feeds (model.decoding.scheduler.DecodeLoop): texts join
         and leave the running decode at every step, each decoded as if alone."""
         if self._loop is None:
             self._loop = DecodeLoop(
@@ -687,7 +700,7 @@ class Translator:
     ) -> list[AlignmentRows]:
         """The alignment head's rows over each (source ids, target ids) pair, read as the model declares, with the
         pieces they belong to: `matrices[i]` where given (rows already made, unread), else from forced decodes of
-        the exact model in shared batches (model.explain.forced_alignment_rows)."""
+        the exact model in shared batches (model.explanations.explain.forced_alignment_rows)."""
         matrices = list(matrices) if matrices is not None else [None] * len(pairs)
         missing = [i for i, matrix in enumerate(matrices) if matrix is None]
         computed = forced_alignment_rows(self.exact_model, [pairs[i] for i in missing], *self.alignment_head)
@@ -798,7 +811,7 @@ class Translator:
         self, source_ids: list[int], target_ids: list[int], method: str = "alti_plus", steps: int | None = None
     ) -> Attributions:
         """How much each source token and each earlier target token made each of `target_ids` (eos
-        included): one of model.attribution.METHODS; `steps` for integrated gradients."""
+        included): one of model.explanations.attribution.METHODS; `steps` for integrated gradients."""
         unknown_ids = (self.tokenizer.source_unk_id, self.tokenizer.target_unk_id)
         return attribute(self.exact_model, list(source_ids), list(target_ids), method, unknown_ids, steps)
 

@@ -267,7 +267,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
 def _recovered_words(reading: _Reading, source_groups: list[list[int]]) -> set[int]:
     """Source words whose characters the reverse model, forced to write the source from the translation, finds
     likely (mean log-probability of the reverse pieces overlapping the word above RECOVERED)."""
-    from model.agreement import piece_offsets
+    from model.explanations.agreement import piece_offsets
 
     text = reading.source_text
     forward_spans = piece_offsets(text, reading.source_tokens)

@@ -62,8 +62,8 @@ class ServiceConfig(BaseModel):
         "static",
         description='"static": texts with equal options are decoded in batches, each to completion '
         '(service/batching.py). "continuous": one decode loop per replica where texts join and leave at every '
-        "step (model/scheduler.py); batch_wait_timeout_s does not apply and the ingress does not hold calls back "
-        "(coalesce_max_calls is ignored).",
+        "step (model/decoding/scheduler.py); batch_wait_timeout_s does not apply and the ingress does not hold calls "
+        "back (coalesce_max_calls is ignored).",
     )
     max_rows: int = Field(
         64, ge=1, le=4096, description="continuous: decoder rows in flight per replica (a beam of k takes k rows)."

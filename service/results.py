@@ -97,7 +97,7 @@ def attributions_json(attributions: Any) -> dict[str, Any]:
 
 
 def steps_json(steps: Any) -> dict[str, Any]:
-    """model.explain.AttentionSteps → the "steps" object of POST /v1/explain."""
+    """model.explanations.explain.AttentionSteps → the "steps" object of POST /v1/explain."""
     return {
         "kind": steps.kind,
         "layer": steps.layer,

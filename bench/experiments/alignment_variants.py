@@ -106,7 +106,7 @@ def pool(rows, target_map, source_map, item: AlignmentItem, average_columns: boo
 @torch.inference_mode()
 def head_scores(translator: Translator, item: AlignmentItem) -> torch.Tensor:
     """The declared head's scaled scores for a forced pair, at the declared reading step (T, S)."""
-    from model.explain import teacher_forcing_inputs
+    from model.explanations.explain import teacher_forcing_inputs
 
     model, (layer, head) = translator.model, translator.alignment_head
     limit = model.config.max_position_embeddings

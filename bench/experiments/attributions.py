@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from model.attribution import DEFAULT_STEPS, MAX_TOKENS, METHODS
 from model.errors import InputTooLongError
+from model.explanations.attribution import DEFAULT_STEPS, MAX_TOKENS, METHODS
 from model.training.data import read_pairs
 from model.translator import Translator
 

@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from bench import machine, write_report
 from bench.alignment import DATA
-from model.agreement import agreement_threshold, overlapping_words, piece_offsets
-from model.alignment import shift_rows
-from model.explain import teacher_forcing_batch
+from model.explanations.agreement import agreement_threshold, overlapping_words, piece_offsets
+from model.explanations.alignment import shift_rows
+from model.explanations.explain import teacher_forcing_batch
 from model.training.evaluate_alignment import gold_items, in_domain_items, link_items
 from model.training.gold import alignment_error_rate, words_from_pieces
 from model.training.statistical_alignment import main as statistical_alignment

@@ -1,4 +1,4 @@
-"""Beam search's candidate ranking: `model.search.row_topk` against torch.topk, on one thread, same inputs.
+"""Beam search's candidate ranking: `model.decoding.search.row_topk` against torch.topk, on one thread, same inputs.
 
     python -m bench.experiments.search_step              # writes bench/results/search-step-cpu.json
 """

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from model import Translator, search
+from model import Translator
+from model.decoding import search
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

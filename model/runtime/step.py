@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from model.runtime import eager
 from model.runtime import spec as weight_spec
 from model.runtime.quantize import quantize_per_channel
 from model.topk import RESCORED_CANDIDATES
@@ -179,20 +180,21 @@ class EagerStep:
         return self.model.encode(source_ids, source_mask).hidden
 
     def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
-        return self.model.cross_key_values(hidden, beams)
+        return eager.cross_key_values(self.model, hidden, beams)
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
-        return self.model.decode_step(last_ids, cache, need_weights)
+        return eager.decode_step(self.model, last_ids, cache, need_weights)
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """One decoder step for every row of the continuous scheduler's ragged cache (model.scheduler.RaggedCache)
-        at its own position: logits (N, V), cross-attention per layer (N, h, S)."""
+        """One decoder step for every row of the continuous scheduler's ragged cache
+        (model.decoding.scheduler.RaggedCache) at its own position: logits (N, V), cross-attention per layer
+        (N, h, S)."""
         model = self.model
         cache.prepare()
         embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
         x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
-        x, cross_attention = model.step_layers(x, cache, need_weights)  # the static search's step, on ragged rows
+        x, cross_attention = eager.step_layers(model, x, cache, need_weights)  # the static step, on ragged rows
         cache.advance()
         return model.logits(x[:, 0]), cross_attention
 

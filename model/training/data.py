@@ -8,7 +8,7 @@ from collections import OrderedDict
 import torch
 
 from model.config import ModelConfig
-from model.explain import teacher_forcing_batch
+from model.explanations.explain import teacher_forcing_batch
 
 
 def read_pairs(path: str, source_column: int, target_column: int) -> list[tuple[str, str]]:
@@ -34,7 +34,8 @@ def dev_references(pairs: list[tuple[str, str]]) -> tuple[list[str], list[list[s
 
 
 def collate(examples: list[tuple[list[int], list[int]]], indices: list[int], config: ModelConfig):
-    """`model.explain.teacher_forcing_batch` of the examples, and the labels: each target id, -100 past its end."""
+    """`model.explanations.explain.teacher_forcing_batch` of the examples, and the labels: each target id, -100 past
+    its end."""
     source_ids, source_mask, decoder_input = teacher_forcing_batch(examples, indices, config)
     labels = torch.full(decoder_input.shape, -100, dtype=torch.long)
     for row, index in enumerate(indices):

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
+from model.decoding.search import beam_search
 from model.options import DecodingOptions
-from model.search import beam_search
 from model.tokenizer import MarianTokenizer
 from model.training.data import dev_references, read_pairs
 from model.transformer import Transformer

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.agreement import piece_offsets
-from model.alignment import alignment_matrix, attention_links, shift_rows
+from model.explanations.agreement import piece_offsets
+from model.explanations.alignment import alignment_matrix, attention_links, shift_rows
 from model.tokenizer import MarianTokenizer
 from model.training.data import collate
 from model.training.gold import (

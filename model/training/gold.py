@@ -8,8 +8,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from model.agreement import overlapping_words as pieces_to_words  # noqa: F401 - the piece→word map the service uses too
-from model.alignment import Link
+from model.explanations.agreement import overlapping_words as pieces_to_words  # noqa: F401 - the piece→word map the service uses too
+from model.explanations.alignment import Link
 
 # ---- pieces ↔ words -------------------------------------------------------------------------
 _WORD = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]", re.UNICODE)

@@ -1,4 +1,4 @@
-"""The agreed alignment (model.agreement): what the shipped models' two heads agree on, checked against
+"""The agreed alignment (model.explanations.agreement): what the shipped models' two heads agree on, checked against
 transformers' MarianMTModel as an independent oracle, scored against the in-domain gold links, and the fallback to
 the head's one-best when the reverse model cannot read the pair.
 """

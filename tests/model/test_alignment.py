@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model.alignment import alignment_matrix, attention_links, shift_rows
+from model.explanations.alignment import alignment_matrix, attention_links, shift_rows
 
 
 def test_alignment_never_points_at_the_source_end_token_and_shift_reads_the_next_row():

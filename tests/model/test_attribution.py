@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model import ATTRIBUTION_METHODS, InputTooLongError, InvalidInputError, Translator
-from model.attribution import MAX_TOKENS
+from model.explanations.attribution import MAX_TOKENS
 from tests.harness.tiny import CHINESE_CHARACTERS, DEVICE, make_model_dir
 
 transformers = pytest.importorskip("transformers")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from model import Translator
+from model.runtime.eager import decode_step, start_cache
 
 SOURCES = ["The cat sat on the mat.", "We walk to school together every morning."]
 
@@ -22,10 +23,10 @@ def stepwise(translator: Translator, source_ids: torch.Tensor, mask: torch.Tenso
     """Logits (B, T, V) and cross-attention per layer (B, T, h, S), one decode_step per position."""
     model = translator.model
     with torch.inference_mode():
-        cache = model.start_cache(model.encode(source_ids, mask), capacity=inputs.size(1))
+        cache = start_cache(model, model.encode(source_ids, mask), capacity=inputs.size(1))
         logits, attention = [], []
         for position in range(inputs.size(1)):
-            step_logits, cross = model.decode_step(inputs[:, position], cache, need_weights=True)
+            step_logits, cross = decode_step(model, inputs[:, position], cache, need_weights=True)
             logits.append(step_logits)
             attention.append(torch.stack(cross, dim=1))  # (B, L, h, S)
     return torch.stack(logits, dim=1), torch.stack(attention, dim=2)  # (B, T, V), (B, L, T, h, S)

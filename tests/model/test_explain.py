@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import InvalidInputError
-from model.explain import attention_steps, forced_alignment_rows, forced_decode, forced_logprobs
+from model.explanations.explain import attention_steps, forced_alignment_rows, forced_decode, forced_logprobs
 
 transformers = pytest.importorskip("transformers")
 

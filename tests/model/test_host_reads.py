@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from model import Translator, search
-from model.alignment import alignment_matrix
-from model.explain import forced_decode
+from model import Translator
+from model.decoding import search
+from model.explanations.alignment import alignment_matrix
+from model.explanations.explain import forced_decode
 from tests.harness.tiny import DEVICE, synthetic_corpus
 
 SENTENCES = [english for english, _ in synthetic_corpus(count=40, seed=11)]

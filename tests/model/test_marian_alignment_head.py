@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.alignment import alignment_matrix
+from model.explanations.alignment import alignment_matrix
 from model.translator import PRETRAINED_DIR
 from tests.harness.tiny import make_hf_model_dir, synthetic_corpus
 

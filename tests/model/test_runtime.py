@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from model.config import ModelConfig
+from model.decoding.scheduler import Scheduler
+from model.decoding.search import beam_search
 from model.options import DecodingOptions
 from model.runtime import RUNTIME_ENV, CompiledStep, EagerStep, compiled_extension, load_step
 from model.runtime.step import KERNELS, QUANTIZED, reduce_range
-from model.scheduler import Scheduler
-from model.search import beam_search
 from model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
         "import logging, random; logging.basicConfig(level=logging.WARNING)\n"
         "from model.runtime import load_step\n"
         "from tests.model.test_runtime import random_model\n"
-        "from model.search import beam_search\n"
+        "from model.decoding.search import beam_search\n"
         "model = random_model('tiny'); step = load_step(model, 'float32')\n"
         "print('RUNTIME', step.info.runtime, '|', step.info.reason)\n"
         "print('IDS', beam_search(model, [[3, 4, 0]], step=step)[0][0].token_ids)\n"

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from model.config import ModelConfig
+from model.decoding.scheduler import Scheduler
+from model.decoding.search import beam_search
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.scheduler import Scheduler
-from model.search import beam_search
 from model.transformer import Transformer
 
 EOS, PAD = 0, 49

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
-from model.alignment import alignment_matrix, attention_links
-from model.explain import forced_decode
+from model.explanations.alignment import alignment_matrix, attention_links
+from model.explanations.explain import forced_decode
 from model.tokenizer import is_special_piece, word_groups
 from model.translator import word_links
 from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus

@@ -1,4 +1,4 @@
-"""inseq's attributions for (source, target) text pairs, as JSON: the oracle for model/attribution.py.
+"""inseq's attributions for (source, target) text pairs, as JSON: the oracle for model/explanations/attribution.py.
 Runs in its own environment (inseq 0.7.1 on transformers 4.57, made by tests/oracles/install.sh) and imports
 nothing from this repository.
 """

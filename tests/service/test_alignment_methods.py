@@ -1,7 +1,8 @@
 """The alignment option of /v1 (`alignment_method`): "agreement", both served models' alignment heads agreeing,
 and "head", the one-best; every answer names the one given, an explanation id keeps it, a bad value is 422, and an
 application that serves no reverse model gives the head's one-best and says why. The oracle is the engine's own
-public API in this process (model.agreement is checked against transformers in tests/model/test_agreement.py).
+public API in this process (model.explanations.agreement is checked against transformers in
+tests/model/test_agreement.py).
 """
 
 from __future__ import annotations

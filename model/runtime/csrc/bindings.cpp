@@ -1,12 +1,10 @@
 // The runtime's Python bindings and the one translation unit the build compiles: every part is a header
 // (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; runtime.h; decoding.h),
 // included once here, so that the CPU-level clones and the anonymous namespace stay one unit.
-// The decoding runtime's step: every decoder layer, the output projection and the fast modes' rescoring of the
-// best candidates, for one new position per row, in one call from Python. The arithmetic is model/transformer.py's
-// DecoderLayer.step (the reference it is tested against), on ATen ops, so it runs on any device ATen does; only the
-// int8 kernels (fbgemm's dynamic quantized linear) are CPU-only.
-// ATen and the pybind11 casters for its types only: torch/extension.h pulls in the whole C++ frontend (torch::nn,
-// optim, data), which nothing here uses and which cost a fresh machine half of the build's time.
+// The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
+// best candidates, for one new position per row, in one call from Python, and whole greedy and beam searches. The
+// arithmetic is model/runtime/eager.py's layer_step (the reference it is tested against), on ATen ops, so it runs
+// on any device ATen does; only the int8 kernels are CPU-only.
 
 #include "decoding.h"
 

@@ -5,7 +5,7 @@
 
 namespace {
 
-// The static search's cache (model.transformer.DecoderCache): self-attention K/V preallocated per layer
+// The static search's cache (model.runtime.eager.DecoderCache): self-attention K/V preallocated per layer
 // (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
 struct Runtime::Cache {
   std::vector<Tensor> self_key, self_value, spare_key, spare_value, cross_key, cross_value;

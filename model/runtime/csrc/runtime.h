@@ -537,7 +537,7 @@ class Runtime {
  private:
   static constexpr double kNegInf = -1.0e9;
 
-  // The static search's cache (model.transformer.DecoderCache): self-attention K/V preallocated per layer
+  // The static search's cache (model.runtime.eager.DecoderCache): self-attention K/V preallocated per layer
   // (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
   struct Cache;
 

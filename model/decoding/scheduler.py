@@ -6,9 +6,9 @@ cross-attention keys/values join the cache), then runs one decoder step for ever
 advances each request's search on its own rows; a request that is done leaves at once and its
 rows are freed for the next step. A request with beam size k holds k rows (greedy: one).
 
-Exactness: each request's search is `model.search._beam` for one input (both step through
-`model.search.beam_step`, with the same tie-breaking and the same back-tracking), and the rows of other requests
-only add masked positions to its attention (weight exactly 0), so its ids, scores and
+Exactness: each request's search is `model.decoding.search._beam` for one input (both step through
+`model.decoding.search.beam_step`, with the same tie-breaking and the same back-tracking), and the rows of other
+requests only add masked positions to its attention (weight exactly 0), so its ids, scores and
 attention equal decoding it alone, up to float summation order (tests/model/test_scheduler.py).
 
 Orca (OSDI 2022) named the idea; vLLM and TensorRT-LLM's in-flight batching do it for decoders.
@@ -25,10 +25,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model.decoding.search import (
+    BeamState,
+    Hypothesis,
+    StepRecord,
+    backtrack,
+    beam_step,
+    captured,
+    length_budget,
+    next_logprobs,
+)
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
 from model.runtime import EagerStep
-from model.search import BeamState, Hypothesis, StepRecord, backtrack, beam_step, captured, length_budget, next_logprobs
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -48,7 +57,7 @@ class DecodeRequest:
     on_token: TokenCallback | None = None
     budget: int = 0
     alignment_rows: bool = False  # keep the scheduler's alignment head's rows (Hypothesis.alignment_attention)
-    # search state (see model.search._beam, here for one input)
+    # search state (see model.decoding.search._beam, here for one input)
     step: int = 0
     state: BeamState | None = None  # for this one input (G = 1)
     steps: list[StepRecord] = field(default_factory=list)
@@ -486,7 +495,7 @@ class Scheduler:
         attention: Tensor | None,
         alignment: Tensor | None,
     ) -> list[tuple[Tensor, Tensor] | None]:
-        """One step of beam search (`model.search.beam_step`) for G requests of beam size k, each on its own
+        """One step of beam search (`model.decoding.search.beam_step`) for G requests of beam size k, each on its own
         k rows of logits: the static search's step for a batch of G inputs, except that every input is at its
         own step with its own length budget, minimum length and length penalty. Per request: the rows (0..k-1)
         the next step continues and their tokens, or None when it is done.

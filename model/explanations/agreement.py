@@ -19,7 +19,7 @@ from enum import Enum
 import torch
 from torch import Tensor
 
-from model.alignment import Link
+from model.explanations.alignment import Link
 from model.tokenizer import WORD_BOUNDARY, is_special_piece, word_groups
 
 AGREEMENT_THRESHOLD = 0.12  # chosen on the 65 in-domain pairs; leave-one-out picks it in every fold

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.errors import InputTooLongError, InvalidInputError
-from model.explain import check_ids, teacher_forcing_inputs
+from model.explanations.explain import check_ids, teacher_forcing_inputs
 from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
 
 METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "value_zeroing", "alti_plus")
