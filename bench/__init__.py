@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the repository
 
 
 def write_report(report: dict, output: str | Path | None, default_name: str) -> Path:

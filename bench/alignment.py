@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import named_models
+from bench import SHARED_DATA, named_models
 from model.training.evaluate_alignment import (
     alignment_report,
     gold_items,
@@ -35,7 +35,7 @@ from model.translator import Translator
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
-DATA = REPOSITORY.parent / "shared" / "data"
+DATA = SHARED_DATA
 RESULTS = REPOSITORY / "bench" / "results"
 SOURCE_LANGUAGE = {"en-zh": "en", "zh-en": "zh"}
 REVERSE = {"en-zh": "zh-en", "zh-en": "en-zh"}

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import machine, named_models, write_report
+from bench import SHARED_DATA, machine, named_models, write_report
 from model.options import DecodingOptions
 from model.training.data import dev_references
 from model.training.evaluate import score_translations
@@ -25,7 +25,7 @@ from model.training.recipe import development_pairs
 from model.translator import Translator
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-DATA = REPOSITORY.parent / "shared" / "data"
+DATA = SHARED_DATA
 # The OPUS-MT leaderboard's best public models on TICO-19 (sacrebleu BLEU), as tico19-en-zh/README.md quotes it.
 OPUS_MT = {("en-zh", "tico19 test"): 34.2, ("zh-en", "tico19 test"): 25.7}
 SETS = ("tatoeba dev", "hsk dev", "tico19 test", "flores200 devtest")

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import machine, named_models, write_report
+from bench import SHARED_DATA, machine, named_models, write_report
 from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.training.trust_data import CATEGORIES, labelled_sources, translate_and_label
@@ -26,7 +26,7 @@ from model.translator import Translator
 from model.trust import FULL_SIGNALS, roc_auc
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-DATA = REPOSITORY.parent / "shared" / "data"
+DATA = SHARED_DATA
 REVERSE = {"en-zh": "zh-en", "zh-en": "en-zh"}
 # Each signal alone, oriented before looking at any data: +1 where higher means better, -1 where lower does.
 ORIENTATION = {

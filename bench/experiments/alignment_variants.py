@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from bench import SHARED_DATA as DATA
 from bench import write_report
-from bench.alignment import DATA
 from model.training.evaluate_alignment import AlignmentItem, forced_maps, gold_items, head_rows, in_domain_items
 from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and
 from model.translator import Translator
