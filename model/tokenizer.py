@@ -224,3 +224,12 @@ class MarianTokenizer:
         (directory / "tokenizer_config.json").write_text(
             json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
         )
+
+
+def piece_owners(groups: list[list[int]], count: int, default: int | None = None) -> list[int | None]:
+    """For each of `count` pieces the index of the group (word_groups' word) that holds it, `default` for none."""
+    owner: list[int | None] = [default] * count
+    for word, pieces in enumerate(groups):
+        for piece in pieces:
+            owner[piece] = word
+    return owner

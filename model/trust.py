@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.tokenizer import is_lone_space, is_special_piece, word_groups
+from model.tokenizer import is_lone_space, is_special_piece, piece_owners, word_groups
 
 TRUST_MODES = ("off", "fast", "full")
 DEFAULT_TRUST_MODE = "fast"
@@ -133,14 +133,6 @@ def _repeated_share(pieces: list[str]) -> tuple[float, list[tuple[int, int]]]:
     spans = tandem_repeats(pieces)
     covered = sum(end - start for start, end in spans)
     return (covered / len(pieces) if pieces else 0.0), spans
-
-
-def _word_of_piece(groups: list[list[int]], count: int) -> list[int | None]:
-    owner: list[int | None] = [None] * count
-    for word, pieces in enumerate(groups):
-        for piece in pieces:
-            owner[piece] = word
-    return owner
 
 
 @dataclass
@@ -253,7 +245,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
         flags.append(TrustFlag("addition", "target", added, [reading.target_words[w] for w in added]))
     if spans and signals["repetition"] > 0:
         target_index = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
-        owner = _word_of_piece(target_groups, len(reading.target_tokens))
+        owner = piece_owners(target_groups, len(reading.target_tokens))
         words = sorted({owner[target_index[p]] for s, e in spans for p in range(s, e)} - {None})
         flags.append(TrustFlag("repetition", "target", words, [reading.target_words[w] for w in words]))
     if target_content and len(copied) * 2 >= len(target_content) and len(source_content) >= 2:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from model.explanations.alignment import Link
-from model.tokenizer import WORD_BOUNDARY, is_special_piece, word_groups
+from model.tokenizer import WORD_BOUNDARY, is_special_piece, piece_owners, word_groups
 
 AGREEMENT_THRESHOLD = 0.12  # chosen on the 65 in-domain pairs; leave-one-out picks it in every fold
 # Long sentences spread attention thinner: with I·J word pairs the threshold is at most LENGTH_SCALE / √(I·J) (0.12
@@ -205,8 +205,8 @@ def agreed_alignment(
         for target_piece, target_owner in enumerate(target_of_piece)
         if any((s, t) in linked for s in source_owner for t in target_owner)
     )
-    source_group = _group_of_piece(word_groups(forward.source_tokens), len(forward.source_tokens))
-    target_group = _group_of_piece(word_groups(forward.target_tokens), len(forward.target_tokens))
+    source_group = piece_owners(word_groups(forward.source_tokens), len(forward.source_tokens), 0)
+    target_group = piece_owners(word_groups(forward.target_tokens), len(forward.target_tokens), 0)
     word_links = sorted({(source_group[s], target_group[t]) for s, t in token_links})
     return AgreedAlignment(word_links, token_links, probabilities)
 
@@ -222,11 +222,3 @@ def own_units(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     piece of either model crosses) linked every piece of a stretch together: in-domain AER 23.3 against 20.9 for
     zh→en (docs/decisions.md)."""
     return sorted({span for span in spans if span[0] < span[1]})
-
-
-def _group_of_piece(groups: list[list[int]], count: int) -> list[int]:
-    owner = [0] * count
-    for word, pieces in enumerate(groups):
-        for piece in pieces:
-            owner[piece] = word
-    return owner
