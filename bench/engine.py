@@ -224,12 +224,20 @@ class CTranslate2Engine:
 
 
 def convert_ctranslate2(directory: Path, output: Path, quantization: str | None) -> Path:
+    """CTranslate2's conversion of `directory` into `output`, kept while the weights it came from are unchanged
+    (their digest is stored beside it: a conversion of earlier weights under the same name is redone)."""
+    import hashlib
+
     import ctranslate2
 
-    if not (output / "model.bin").is_file():
+    digest = hashlib.sha256((Path(directory) / "model.safetensors").read_bytes()).hexdigest()
+    stamp = output / "source.sha256"
+    fresh = (output / "model.bin").is_file() and stamp.is_file() and stamp.read_text().strip() == digest
+    if not fresh:
         ctranslate2.converters.TransformersConverter(str(directory)).convert(
             str(output), quantization=quantization, force=True
         )
+        stamp.write_text(digest + "\n")
     return output
 
 

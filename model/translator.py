@@ -621,6 +621,7 @@ class Translator:
                 frequent=self._frequent_pieces,
                 linked_source=frozenset(s for s, _ in hypothesis.word_alignment),
                 piece_scores=self._piece_scores,
+                rarest_score=self._rarest_score,
             )
             if index in reverse_scores:
                 reading.reverse_logprobs = reverse_scores[index]
@@ -641,6 +642,10 @@ class Translator:
     @functools.cached_property
     def _piece_scores(self) -> dict[str, float]:
         return piece_scores(self.tokenizer.source_spm)
+
+    @functools.cached_property
+    def _rarest_score(self) -> float:
+        return min(self._piece_scores.values(), default=0.0)
 
     def trust_fit(self, mode: str):
         """The calibration's fit of `mode` ("fast", "full") for these weights, or None (no trust.json, or one fitted

@@ -152,6 +152,7 @@ class _Reading:
     frequent: frozenset[str] = frozenset()  # the source tokenizer's most frequent pieces: never omission candidates
     linked_source: frozenset[int] = frozenset()  # source words some target word links to (word_alignment)
     piece_scores: dict[str, float] | None = None  # the source tokenizer's unigram log-probability of each piece
+    rarest_score: float = 0.0  # … and its least: what a piece it does not have counts as
 
 
 def piece_scores(processor) -> dict[str, float]:
@@ -184,14 +185,21 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
         rows = reading.rows.float()
         rows = rows / rows.sum(1, keepdim=True).clamp(min=1e-9)
         target_rows = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
-        columns = rows[target_rows].sum(0) if target_rows else torch.zeros(rows.size(1))
+        # the few numbers per word in Python lists: a torch call per word cost more than its arithmetic
+        columns = rows[target_rows].sum(0).tolist() if target_rows else [0.0] * rows.size(1)
         for word in source_content:
-            column_mass[word] = float(columns[source_groups[word]].sum())
+            column_mass[word] = sum(columns[p] for p in source_groups[word])
         if source_content:
-            # (target tokens, source words): each source word's pieces summed
-            by_word = torch.stack([rows[:, source_groups[w]].sum(1) for w in source_content], dim=1)
+            # (target tokens, source words): each source word's pieces summed, one matmul
+            members = torch.zeros(rows.size(1), len(source_content))
+            for column, word in enumerate(source_content):
+                members[source_groups[word], column] = 1.0
+            by_word = (rows @ members).tolist()
             for word in target_content:
-                support[word] = float(by_word[target_groups[word]].mean(0).max())
+                pieces = target_groups[word]
+                support[word] = max(
+                    sum(by_word[t][c] for t in pieces) / len(pieces) for c in range(len(source_content))
+                )
     covered = [w for w in source_content if column_mass.get(w, 1.0) >= COVERED]
     signals["source_coverage"] = len(covered) / len(source_content) if source_content else 1.0
     signals["target_support"] = sum(support.values()) / len(support) if support else 1.0
@@ -203,8 +211,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
     signals["repetition"] = max(0.0, repeated - source_repeated)
     signals["length_ratio"] = math.log(max(len(target_pieces), 1) / max(len(source_pieces), 1))
     signals["source_length"] = math.log1p(len(source_pieces))
-    scores = reading.piece_scores or {}
-    rarest = min(scores.values(), default=0.0)  # a piece the tokenizer does not have counts as its rarest
+    scores, rarest = reading.piece_scores or {}, reading.rarest_score
     signals["source_familiarity"] = (
         sum(scores.get(piece, rarest) for piece in source_pieces) / len(source_pieces) if source_pieces else 0.0
     )

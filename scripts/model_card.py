@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from safetensors import safe_open
@@ -104,7 +105,9 @@ translator; serve an OPUS-MT model (see the top-level README) for real traffic.
 
 def _stage(number: int, count: int, command: str, summary: dict) -> str:
     guided = any("dev_aer" in r for r in summary["history"])
-    columns = ["epoch", "updates", "train loss (label-smoothed)", "dev BLEU (greedy, first 300 sources)", "chrF"]
+    limit = re.search(r"--epoch-eval-limit (\d+)", command)  # without it the trainer scores every dev source
+    sources = f"first {limit.group(1)} sources" if limit else "every source"
+    columns = ["epoch", "updates", "train loss (label-smoothed)", f"dev BLEU (greedy, {sources})", "chrF"]
     if guided:
         columns += [
             "guided-alignment loss",
