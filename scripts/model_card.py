@@ -141,9 +141,27 @@ work, bf16 autocast).
 
 
 # ---- the everyday models: trained on the recipe's mix, warm-started from the Tatoeba-only models ------------
+def _judged(judged: dict | None, name: str) -> str:
+    """The hand-judged everyday sentences of scripts/everyday_judged.json as a card section ("" without them)."""
+    if not judged or name not in judged:
+        return ""
+    rows = judged[name]
+    counts = {verdict: sum(row[2] == verdict for row in rows) for verdict in ("right", "partly", "wrong")}
+    table = "\n".join(f"| {s} | {t} | {v} | {why} |" for s, t, v, why in rows)
+    return f"""
+## Everyday sentences, judged by hand
+{judged["how"]} ({judged["date"]}; scripts/everyday_judged.json): {counts["right"]} right, {counts["partly"]} partly,
+{counts["wrong"]} wrong of {len(rows)}.
+
+| source | translation | judged | why |
+|---|---|---|---|
+{table}
+"""
+
+
 def everyday_card(
     model: Path, source: str, target: str, stages: list[tuple[str, dict]], recipe: dict, quality: dict,
-    alignment: dict | None, trust: dict | None, lineage: str,
+    alignment: dict | None, trust: dict | None, lineage: str, judged: dict | None = None,
 ) -> str:  # fmt: skip
     """The card of a model trained on `python -m model.training.data build`'s mix (see the module docstring)."""
     name = model.name
@@ -176,6 +194,7 @@ def everyday_card(
             + f" | {opus} |"
         )
     tokenize = "zh" if target == "zh" else "13a"
+    judged_text = _judged(judged, model.name)
     alignment_text = ""
     if alignment is not None:
         served = alignment["models"][name]["methods"]
@@ -259,7 +278,7 @@ Beam 4; sacrebleu BLEU (tokenize "{tokenize}") / chrF, multi-reference where a s
 | set | sources | this model | before | OPUS-MT BLEU |
 |---|---|---|---|---|
 {chr(10).join(quality_rows)}
-{alignment_text}{trust_text}
+{judged_text}{alignment_text}{trust_text}
 ## Known limits
 Short everyday sentences (phrasebook and HSK-style: shopping, transport, health, work, feelings) are what it
 knows. Expect poor output for long, technical or domain-specific text (news, medical, legal: see the TICO-19 and
@@ -280,6 +299,7 @@ def everyday_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--alignment")
     parser.add_argument("--trust")
     parser.add_argument("--lineage", default="")
+    parser.add_argument("--judged", help="scripts/everyday_judged.json: everyday sentences judged by hand")
     args = parser.parse_args(argv)
     stages = [
         (c, json.loads((Path(w) / "summary.json").read_text())) for c, w in zip(args.command, args.work, strict=True)
@@ -287,7 +307,7 @@ def everyday_main(argv: list[str] | None = None) -> None:
     load = lambda path: json.loads(Path(path).read_text()) if path else None  # noqa: E731
     card = everyday_card(
         Path(args.model), args.source, args.target, stages, load(args.recipe), load(args.quality),
-        load(args.alignment), load(args.trust), args.lineage,
+        load(args.alignment), load(args.trust), args.lineage, load(args.judged),
     )  # fmt: skip
     (Path(args.model) / "README.md").write_text(card, encoding="utf-8")
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +104,15 @@ def test_chinese_output_is_one_piece_per_character_and_never_starts_with_a_lone_
         assert [t for _, t in translation.word_alignment] == list(range(len(translation.target_words)))
         words = "".join(w for w in translation.target_words if w != "</s>")
         assert unicodedata.normalize("NFKC", words) == unicodedata.normalize("NFKC", translation.text.replace(" ", ""))
+
+
+def test_the_cards_hand_judged_sentences_are_what_the_model_says(shipped):
+    """scripts/everyday_judged.json holds each model's translations of everyday sentences with a person's verdict,
+    shown in the model card: the verdicts must be about what the shipped weights translate now."""
+    name, translator = shipped
+    judged = json.loads((Path(__file__).resolve().parents[2] / "scripts" / "everyday_judged.json").read_text())
+    rows = judged[name]
+    translations = translator.translate([row[0] for row in rows], beam_size=4)
+    assert [t.text for t in translations] == [row[1] for row in rows]
+    card = (PRETRAINED_DIR / name / "README.md").read_text(encoding="utf-8")
+    assert all(row[1] in card for row in rows)
