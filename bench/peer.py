@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from bench import machine
+from bench.engine import convert_ctranslate2
 from bench.service import (
     DEFAULT_DATA,
     NOOP_PREFIX,
@@ -144,15 +145,10 @@ def ensure_venv(reinstall: bool = False) -> dict[str, str]:
 
 def convert(model: str, quantization: str, force: bool = False) -> Path:
     """CTranslate2 conversion of model/pretrained/<model>, with add_source_eos: true (argos adds no </s>)."""
-    import ctranslate2
-
     output = PEER / "ct2" / f"{model}-{quantization}"
-    source = PRETRAINED / model / "model.safetensors"
-    fresh = (output / "model.bin").is_file() and (output / "model.bin").stat().st_mtime >= source.stat().st_mtime
-    if force or not fresh:
-        ctranslate2.converters.TransformersConverter(str(PRETRAINED / model)).convert(
-            str(output), quantization=quantization, force=True
-        )
+    if force:
+        (output / "source.sha256").unlink(missing_ok=True)
+    convert_ctranslate2(PRETRAINED / model, output, quantization)  # redone when the weights changed
     config_path = output / "config.json"
     config = json.loads(config_path.read_text())
     config["add_source_eos"] = True

@@ -134,6 +134,7 @@ def check(model, source: str = "model") -> RuntimeSpec:
 
 
 def fp32(tensor: Tensor) -> Tensor:
+    """The runtime's copy of a tensor: detached, float32, contiguous."""
     return tensor.detach().float().contiguous()
 
 

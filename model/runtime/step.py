@@ -223,12 +223,13 @@ class CompiledStep:
         spec = weight_spec.check(model, "the compiled step")  # every tensor it reads, by name and shape
         tensors = weight_spec.model_tensors(model)
         self._runtime = extension.Runtime(
-            _detached(tensors[spec.decoder_embedding[0]]), _detached(model.positions), float(model.embed_scale),
+            weight_spec.fp32(tensors[spec.decoder_embedding[0]]), weight_spec.fp32(model.positions),
+            float(model.embed_scale),
             config.decoder_attention_heads, ACTIVATIONS[config.activation_function],
             float(model.decoder_layers[0].final_layer_norm.eps),
         )
         self.names: list[str] = []
-        self._runtime.set_encoder_embedding(_detached(tensors[spec.encoder_embedding[0]]))
+        self._runtime.set_encoder_embedding(weight_spec.fp32(tensors[spec.encoder_embedding[0]]))
         for layer in spec.encoder:
             weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
             weights, biases = list(weights), list(biases)
@@ -244,10 +245,10 @@ class CompiledStep:
             packed = [_prepack(extension, w) for w in weights] if int8 else []
             self._runtime.add_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
             self.names += [m.name for m in layer.matmuls]
-        output = _detached(tensors[spec.output[0]])
+        output = weight_spec.fp32(tensors[spec.output[0]])
         self._runtime.set_output(
-            output, _detached(tensors[spec.output_bias[0]]), [_prepack(extension, output)] if int8 else [], reduce,
-            RESCORED_CANDIDATES,
+            output, weight_spec.fp32(tensors[spec.output_bias[0]]), [_prepack(extension, output)] if int8 else [],
+            reduce, RESCORED_CANDIDATES,
         )
         self.names.append("output")
         self.compiled_search = self._runtime  # whole searches in one call (Runtime.greedy, Runtime.beam)
@@ -333,10 +334,6 @@ def reduce_range(extension) -> bool:
     """Whether int8 activations keep 7 bits, not 8: where the CPU has no AVX-512 VNNI, u8·s8 pairs summed in
     fbgemm's int16 intermediates could saturate with 8 (the compiled step's probe, the one CPU feature check)."""
     return not extension.has_vnni()
-
-
-def _detached(tensor: Tensor) -> Tensor:
-    return tensor.detach().float().contiguous()
 
 
 def _weights_stamp(slots: list[tuple[dict, str]]) -> tuple:
