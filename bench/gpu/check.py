@@ -31,9 +31,11 @@ DEFAULT_DEV = REPOSITORY.parent / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv
 ENGINE_TESTS = [
     "tests/model/test_search.py", "tests/model/test_host_reads.py", "tests/model/test_scheduler.py",
     "tests/model/test_translator.py", "tests/model/test_explain.py", "tests/model/test_transformers_parity.py",
-    "tests/model/test_pretrained.py", "tests/model/test_options.py",
+    "tests/model/test_pretrained.py", "tests/model/test_options.py", "tests/model/test_graph_step.py",
 ]
+STEP_CAPACITY = 40  # decoding steps the timed caches hold (the graph step's bucket: 64)
 PER_BATCH_SYNCS = 8  # syncs a batch may make besides its checks: padding test, index uploads, the final copies
+NOOP_PREFIX = "/noop"  # bench.noop's app beside ours: what Ray Serve alone answers under the same load
 COLUMNS = {"en-zh": 0, "zh-en": 1}  # source column of each shipped model in the dev TSV (English, Chinese)
 FALLBACK = {
     "en-zh": ["The cat sat on the mat.", "I would like a cup of tea, please.", "Where is the train station?",
@@ -149,10 +151,110 @@ def stage_agreement(stages: Stages, device: str, data: Path, count: int) -> dict
     return out
 
 
+@torch.inference_mode()
+def time_steps(step, encoder, rows: int, start_id: int, steps: int, reorder: bool, device: str) -> float:
+    """Milliseconds per `decode_step` of `step` on `rows` rows over `steps` steps (one sync at the end); with
+    `reorder`, beam search's per-step move of the rows (within their sources) before each."""
+    cache = step.start_cache(encoder, capacity=STEP_CAPACITY)  # one bucket for every timing
+    last = torch.full((rows,), start_id, dtype=torch.long, device=encoder.hidden.device)
+    same = torch.arange(rows, device=encoder.hidden.device)
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        if reorder:
+            cache.reorder(same, same_sources=True)
+        step.decode_step(last, cache)
+    synchronize(device)
+    return 1000 * (time.perf_counter() - started) / steps
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
+    """The decoder step eagerly against its CUDA graph replay (model/runtime/graphs.py) from 1 to 256 rows, in
+    float32 and float16; what capturing costs; the encoder's time (whether capturing it too would pay); and the
+    ids of both steps on the dev sentences."""
+    from model.runtime import EagerStep
+    from model.runtime.step import GraphStep
+    from model.transformer import EncoderOutput
+
+    out: dict[str, Any] = {}
+    texts = sentences(data, "en-zh", 256)
+    for dtype in ("float32", "float16"):
+        translator = Translator.from_pretrained("en-zh", device=device, dtype=dtype)
+        model = translator.model
+        start_id = model.config.decoder_start_token_id
+        eager, graph = EagerStep(model), GraphStep(model, capture=device == "cuda")
+        for rows in (1, 8, 32, 64, 256):
+            ids = translator.encode_source(texts[:rows])
+            width = max(map(len, ids))
+            padded = torch.full((rows, width), model.config.pad_token_id, dtype=torch.long)
+            for i, row in enumerate(ids):
+                padded[i, : len(row)] = torch.tensor(row)
+            padded = padded.to(device)
+            mask = padded != model.config.pad_token_id
+            synchronize(device)
+            began = time.perf_counter()
+            for _ in range(5):
+                hidden = graph.encode(padded, mask)
+            synchronize(device)
+            encoder_ms = 1000 * (time.perf_counter() - began) / 5
+            encoder = EncoderOutput(hidden, mask)
+            began = time.perf_counter()
+            time_steps(graph, encoder, rows, start_id, 2, False, device)  # captures this bucket's plain step
+            time_steps(graph, encoder, rows, start_id, 2, True, device)  # and its beam-move variant
+            capture_ms = 1000 * (time.perf_counter() - began)
+            figures = {"encoder_ms": encoder_ms, "first_steps_with_capture_ms": capture_ms}
+            for name, step in (("eager", eager), ("graph", graph)):
+                time_steps(step, encoder, rows, start_id, 4, False, device)
+                figures[f"{name}_ms"] = min(time_steps(step, encoder, rows, start_id, 32, False, device)
+                                            for _ in range(3))
+                figures[f"{name}_beam_move_ms"] = min(time_steps(step, encoder, rows, start_id, 32, True, device)
+                                                      for _ in range(3))
+            key = f"{dtype} rows={rows}"
+            out[key] = figures
+            ok = figures["graph_ms"] <= 0.4 if rows <= 64 else None
+            stages.row("graphs", f"{key}: decoder step eager → graph",
+                       f"{figures['eager_ms']:.3f} → {figures['graph_ms']:.3f} ms "
+                       f"({figures['eager_ms'] / figures['graph_ms']:.1f}×); with beam moves "
+                       f"{figures['eager_beam_move_ms']:.3f} → {figures['graph_beam_move_ms']:.3f} ms",
+                       "(≤ 0.4 ms at 1-64 rows)" if rows <= 64 else "", ok)
+            stages.row("graphs", f"{key}: encoder; first two steps with capture",
+                       f"{encoder_ms:.3f} ms; {capture_ms:.0f} ms")
+        stages.row("graphs", f"{dtype}: graphs captured, failure", f"{graph.graphs.captured}, {graph.graphs.failure}",
+                   "(none)", graph.graphs.failure is None)
+        for beam in (1, 4):
+            ids = translator.encode_source(texts[:64])
+            options = search.DecodingOptions(beam_size=beam, max_new_tokens=64)
+            want = [h for batch in batched(ids, 32)
+                    for h in search.beam_search(model, batch, options, return_attention=True, step=eager)]
+            have = [h for batch in batched(ids, 32)
+                    for h in search.beam_search(model, batch, options, return_attention=True, step=graph)]
+            same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(want, have, strict=True)) / len(want)
+            attention = max(float((a[0].cross_attention - b[0].cross_attention).abs().max())
+                            for a, b in zip(want, have, strict=True) if a[0].token_ids == b[0].token_ids)
+            setting = f"{dtype} {'greedy' if beam == 1 else 'beam 4'}"
+            # float32: the same ids; half precision rounds the padded reductions' sums differently, so it is held to
+            # what it is held to against float32 (the fidelity stage's 95%) and to its own rounding of the weights
+            exact = dtype == "float32"
+            least, bound = (1.0, 1e-3) if exact else (0.95, 1e-2)
+            stages.row("graphs", f"{setting}: graph ids = eager ids", f"{same:.1%} of {len(want)}; max |attention "
+                       f"diff| {attention:.1e}", f"(≥ {least:.0%}, ≤ {bound:.0e})",
+                       same >= least and attention <= bound)
+            out[f"{setting} identical"] = {"identical": same, "max_attention_diff": attention}
+        del translator, model, eager, graph
+    return out
+
+
 def count_reads(translator: Translator, ids: list[list[int]], beam: int, check_every: int, device: str) -> dict:
     """Host reads (the search's counter) and CUDA synchronisations (torch's sync debug mode) of one batch."""
     options = search.DecodingOptions(beam_size=beam, max_new_tokens=32, min_new_tokens=32)
-    search.beam_search(translator.model, ids, options, check_every=check_every)  # warm-up
+    step = translator.step  # what the service decodes with (on a GPU: the CUDA graph step)
+    search.beam_search(translator.model, ids, options, check_every=check_every, step=step)  # warm-up
     before = search.host_reads
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -161,7 +263,7 @@ def count_reads(translator: Translator, ids: list[list[int]], beam: int, check_e
             torch.cuda.set_sync_debug_mode("warn")
         try:
             started = time.perf_counter()
-            nbest = search.beam_search(translator.model, ids, options, check_every=check_every)
+            nbest = search.beam_search(translator.model, ids, options, check_every=check_every, step=step)
             if device == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - started
@@ -263,20 +365,36 @@ def stage_fidelity(stages: Stages, device: str, data: Path, cap_s: float) -> dic
     return {"report": path.name}
 
 
-def gpu_serve_config(port: int, device: str) -> dict:
+def gpu_serve_config(port: int, device: str, max_batch_size: int | None = None,
+                     ingress_replicas: int | None = None) -> dict:
+    """deploy/serve-gpu.yaml on loopback at `port` (its max_batch_size and ingress replicas, or these), with the
+    no-op app at /noop (as many ingress replicas)."""
     import yaml
 
     config = yaml.safe_load((REPOSITORY / "deploy" / "serve-gpu.yaml").read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
+    arguments = config["applications"][0]["args"]
+    if max_batch_size is not None:
+        arguments["max_batch_size"] = max_batch_size
     if device != "cuda":  # a rehearsal of this stage on a machine without a GPU
         for deployment in config["applications"][0]["deployments"]:
             deployment.get("ray_actor_options", {}).pop("num_gpus", None)
-        for model in config["applications"][0]["args"]["models"]:
+        for model in arguments["models"]:
             model["dtype"] = "float32"
+    noop = {"name": "noop", "route_prefix": NOOP_PREFIX, "import_path": "bench.noop:app"}
+    if ingress_replicas is not None:
+        for deployment in config["applications"][0]["deployments"]:
+            if deployment["name"] == "Ingress":
+                deployment["num_replicas"] = ingress_replicas
+        noop["deployments"] = [{"name": "EchoIngress", "num_replicas": ingress_replicas}]
+    config["applications"].append(noop)
     return config
 
 
-def stage_serve(stages: Stages, device: str, data: Path, port: int) -> dict:
+def stage_serve(stages: Stages, device: str, data: Path, port: int, max_batch_size: int | None = None,
+                ingress_replicas: int | None = None, quiet_concurrency: int = 0) -> dict:
+    """deploy/serve-gpu.yaml under load beside the no-op app (what Ray Serve alone answers) and the raw engine at
+    the served batch size: single sentences at concurrency 128, 16-text requests at concurrency 32, beam 4."""
     import httpx
     import yaml
 
@@ -284,19 +402,25 @@ def stage_serve(stages: Stages, device: str, data: Path, port: int) -> dict:
     from tests.harness.loadgen import run_load, translate_bodies
     from tests.harness.processes import stop_process_group
 
-    config = gpu_serve_config(port, device)
-    dtype = config["applications"][0]["args"]["models"][0].get("dtype", "float32")
-    texts = sentences(data, "en-zh", 256)
-    # the raw engine as bench.service measures it (its batch_tokens_vs_engine check), here on `device`
+    config = gpu_serve_config(port, device, max_batch_size, ingress_replicas)
+    arguments = config["applications"][0]["args"]
+    served_batch = arguments["max_batch_size"]
+    dtype = arguments["models"][0].get("dtype", "float32")
+    ingresses = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Ingress")["num_replicas"]
+    label = f"serve B={served_batch}, {ingresses} ingress"
+    texts = sentences(data, "en-zh", 512)
+    # the raw engine as bench.service measures it, at the served batch size, here on `device`
     engine = engine_reference(
-        "en-zh", texts, 16, 4, torch.get_num_threads(), 60.0, "engine B=16", device=device, dtype=dtype
+        "en-zh", texts, served_batch, 4, torch.get_num_threads(), 20.0, f"engine B={served_batch}", device=device,
+        dtype=dtype,
     )
-    stages.row("serve", f"raw engine, 16-text batches, beam 4, {dtype}", f"{engine['tokens_per_s']:.0f} tokens/s")
+    stages.row(label, f"raw engine, {served_batch}-text batches, beam 4, {dtype}",
+               f"{engine['texts_per_s']:.0f} sentences/s, {engine['tokens_per_s']:.0f} tokens/s")
 
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-serve-"))
     config_path = workdir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log_path = stages.output / "serve.log"
+    log_path = stages.output / f"serve-{served_batch}-{ingresses}.log"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p)}
     command = [sys.executable, "-c", "from ray.serve.scripts import cli; cli()", "run", str(config_path)]
@@ -306,38 +430,58 @@ def stage_serve(stages: Stages, device: str, data: Path, port: int) -> dict:
     url = f"http://127.0.0.1:{port}"
     cluster = Path("/tmp/ray/ray_current_cluster")
     cluster_before = cluster.is_file()
-    out: dict[str, Any] = {"engine": engine}
+    out: dict[str, Any] = {"engine": engine, "max_batch_size": served_batch, "ingress_replicas": ingresses}
     try:
         began = time.monotonic()
-        wait_ready([f"{url}/readyz"], process, min(200.0, stages.left() - 60), log_path)
-        stages.row("serve", "ready after", f"{time.monotonic() - began:.0f} s")
+        wait_ready([f"{url}/readyz", f"{url}{NOOP_PREFIX}/readyz"], process, min(200.0, stages.left() - 60),
+                   log_path)
+        stages.row(label, "ready after", f"{time.monotonic() - began:.0f} s")
         with httpx.Client(base_url=url, timeout=60) as client:
             models = client.get("/v1/models").json()
             devices = {m["id"]: m.get("device") for m in models["models"]}
-            stages.row("serve", "translator devices", devices, f"({device})",
+            stages.row(label, "translator devices", devices, f"({device})",
                        all(str(d).startswith(device) for d in devices.values()))
             answer = client.post("/v1/translate", json={"texts": [texts[0]], "source_lang": "en", "target_lang": "zh",
                                                         "attention": "summary", "split_sentences": False})
-            body = answer.json()
-            translation = body["translations"][0]
-            stages.row("serve", "POST /v1/translate", f"{answer.status_code} {translation['text']!r}", "(200)",
+            translation = answer.json()["translations"][0]
+            stages.row(label, "POST /v1/translate", f"{answer.status_code} {translation['text']!r}", "(200)",
                        answer.status_code == 200)
-            explanation_id = translation.get("explanation_id")
-            explained = client.get(f"/v1/explanations/{explanation_id}")
-            stages.row("serve", "GET /v1/explanations/{id}", f"{explained.status_code}", "(200)",
+            explained = client.get(f"/v1/explanations/{translation.get('explanation_id')}")
+            stages.row(label, "GET /v1/explanations/{id}", f"{explained.status_code}", "(200)",
                        explained.status_code == 200 and "cross_attention" in explained.json())
-        bodies = translate_bodies(texts, 16, beam_size=4)
-        load = asyncio.run(run_load(f"{url}/v1/translate", bodies, requests=64, concurrency=8, timeout_s=60,
-                                    deadline_s=min(60.0, stages.left() - 30)))
-        tokens_per_s = load.target_tokens / load.wall_s if load.wall_s else 0.0
-        ratio = tokens_per_s / engine["tokens_per_s"]
-        stages.row("serve", "16-text requests, concurrency 8", f"{tokens_per_s:.0f} tokens/s, statuses "
-                   f"{dict(load.statuses)}, p50 {load.percentile_ms(50):.0f} ms")
-        # a GPU target; a CPU rehearsal's engine and replicas share the same few cores, so there it is only shown
-        on_gpu = device == "cuda"
-        stages.row("serve", "service / raw engine tokens/s", f"{ratio:.2f}", "(≥ 0.70)" if on_gpu else "(GPU target)",
+
+        def load(name: str, target: str, texts_per_request: int, concurrency: int, seconds: float):
+            bodies = translate_bodies(texts, texts_per_request, beam_size=4)
+            asyncio.run(run_load(target, bodies, requests=concurrency * 2, concurrency=concurrency, timeout_s=60,
+                                 deadline_s=6))  # warm-up: every replica's buckets captured
+            result = asyncio.run(run_load(target, bodies, requests=100_000, concurrency=concurrency, timeout_s=60,
+                                          deadline_s=min(seconds, stages.left() - 40)))
+            summary = result.summary()
+            stages.row(label, name, f"{summary['requests_per_s']} req/s, {summary['texts_per_s']} sentences/s, "
+                       f"p50 {summary['p50_ms']} ms, p95 {result.percentile_ms(95):.0f} ms, statuses "
+                       f"{dict(result.statuses)}, lost {result.lost}")
+            out[name] = {**summary, "p95_ms": result.percentile_ms(95), "statuses": dict(result.statuses),
+                         "lost": result.lost}
+            return summary, result
+
+        single, single_load = load("single sentences, concurrency 128", f"{url}/v1/translate", 1, 128, 20)
+        noop, _ = load("no-op app, single sentences, concurrency 128", f"{url}{NOOP_PREFIX}/v1/translate", 1, 128, 12)
+        if quiet_concurrency:
+            load(f"single sentences, concurrency {quiet_concurrency}", f"{url}/v1/translate", 1, quiet_concurrency, 12)
+            load(f"no-op app, single sentences, concurrency {quiet_concurrency}", f"{url}{NOOP_PREFIX}/v1/translate",
+                 1, quiet_concurrency, 10)
+        batch, _ = load("16-text requests, concurrency 32", f"{url}/v1/translate", 16, 32, 20)
+        on_gpu = device == "cuda"  # a CPU rehearsal's engine and replicas share a few cores: there only shown
+        ratio = single["requests_per_s"] / noop["requests_per_s"] if noop["requests_per_s"] else 0.0
+        stages.row(label, "single sentences / no-op app req/s", f"{ratio:.2f}", "(≥ 0.7)" if on_gpu else "",
                    ratio >= 0.7 if on_gpu else None)
-        out.update({"service_tokens_per_s": tokens_per_s, "ratio": ratio, "statuses": dict(load.statuses)})
+        p95 = single_load.percentile_ms(95) or 0.0
+        stages.row(label, "single sentences p95", f"{p95:.0f} ms", "(≤ 300 ms)" if on_gpu else "",
+                   p95 <= 300 if on_gpu else None)
+        engine_ratio = batch["texts_per_s"] / engine["texts_per_s"] if engine["texts_per_s"] else 0.0
+        stages.row(label, f"16-text requests / raw engine at B={served_batch} sentences/s", f"{engine_ratio:.2f}",
+                   "(≥ 0.8)" if on_gpu else "", engine_ratio >= 0.8 if on_gpu else None)
+        out.update({"single_vs_noop": ratio, "batch_vs_engine": engine_ratio})
     finally:
         stop_process_group(process)
         if not cluster_before:  # the file our cluster wrote; a stale one makes the next `serve run` join it
@@ -376,8 +520,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deadline", type=float, default=540.0, help="seconds for all stages together")
     parser.add_argument("--sentences", type=int, default=64, help="sentences per model in the agreement stage")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--ingress-replicas", type=int, help="serve stages' ingress replicas (default: the config's)")
+    parser.add_argument("--quiet-concurrency", type=int, default=0,
+                        help="the serve stages also send single sentences at this concurrency (0: not)")
     parser.add_argument("--stages", nargs="+",
-                        default=["environment", "agreement", "reads", "engine", "fidelity", "serve", "tests"])
+                        default=["environment", "graphs", "agreement", "reads", "serve", "engine", "tests",
+                                 "serve-16", "fidelity"])
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device visible to torch (bench/gpu/check.sh installs a CUDA build)")
@@ -391,7 +539,11 @@ def main(argv: list[str] | None = None) -> None:
         "reads": (stage_reads, (args.device, data), 20),
         "engine": (stage_engine, (args.device, data, 150.0), 40),
         "fidelity": (stage_fidelity, (args.device, data, 120.0), 30),
-        "serve": (stage_serve, (args.device, data, args.port), 90),
+        "graphs": (stage_graphs, (args.device, data), 30),
+        "serve": (stage_serve, (args.device, data, args.port, None, args.ingress_replicas, args.quiet_concurrency),
+                  120),
+        "serve-16": (stage_serve, (args.device, data, args.port, 16, args.ingress_replicas, args.quiet_concurrency),
+                     120),
         "tests": (stage_tests, (args.device, 200.0), 40),
     }
     for name in args.stages:

@@ -34,7 +34,6 @@ from torch import Tensor
 from model.host import copy_to_host
 from model.options import DecodingOptions
 from model.runtime import CAPTURE, EagerStep
-from model.runtime.eager import start_cache
 from model.topk import row_topk
 from model.transformer import EncoderOutput, Transformer, additive_mask
 
@@ -364,7 +363,7 @@ def _greedy(
         return _greedy_hypotheses(out_tokens, out_logprobs, out_length, attention_steps, attention_rows, lengths,
                                   length_penalty, capture)
     decode = step.decode_step
-    cache = start_cache(model, encoder, capacity=width)
+    cache = step.start_cache(encoder, capacity=width)
     active = list(range(batch))  # input index of each row (host)
     rows_of = torch.arange(batch, device=device)  # the same on the device
     out_tokens = torch.full((batch, width), config.pad_token_id, dtype=torch.long, device=device)
@@ -463,7 +462,7 @@ def _beam(
         return _beam_hypotheses(steps, [part for final in finals for part in final], lengths, ref_stride, k,
                                 num_return_sequences, capture)
     decode = step.decode_step
-    cache = start_cache(model, encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
+    cache = step.start_cache(encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
 
     active = list(range(batch))  # original index of each active input
     budget = torch.tensor(budgets, device=device)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.runtime import eager
+from model.runtime import eager, graphs
 from model.runtime import spec as weight_spec
 from model.runtime.quantize import quantize_per_channel
 from model.topk import RESCORED_CANDIDATES
@@ -182,6 +182,11 @@ class EagerStep:
     def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
         return eager.cross_key_values(self.model, hidden, beams)
 
+    def start_cache(self, encoder, capacity: int, beams: int = 1):
+        """The cache `decode_step` runs on: the sources' cross-attention K/V on their `beams` rows, room for
+        `capacity` steps (eager.start_cache)."""
+        return eager.start_cache(self.model, encoder, capacity, beams)
+
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         return eager.decode_step(self.model, last_ids, cache, need_weights)
 
@@ -197,6 +202,48 @@ class EagerStep:
         x, cross_attention = eager.step_layers(model, x, cache, need_weights)  # the static step, on ragged rows
         cache.advance()
         return model.logits(x[:, 0]), cross_attention
+
+
+class GraphStep(EagerStep):
+    """The eager step at static shapes (model/runtime/graphs.py): the search's cache is a bucket's fixed buffers and
+    each `decode_step` is one CUDA graph replay on a GPU (`capture`; None: when the model is on one), or the same
+    static step run eagerly (a CPU, or where capture failed). The ids equal EagerStep's; the continuous
+    scheduler's ragged rows (`decode_rows`) still step eagerly."""
+
+    def __init__(self, model, capture: bool | None = None, reason: str = "", precision: str | None = None) -> None:
+        on_gpu = model.final_logits_bias.device.type == "cuda"
+        capture = on_gpu if capture is None else capture
+        super().__init__(model, reason or (
+            "the lecture model's step at bucketed static shapes, each shape's step replayed as a CUDA graph"
+            if capture else "the lecture model's step at bucketed static shapes, run eagerly"
+        ), precision)
+        self.graphs = graphs.GraphSteps(model, capture)
+
+    @torch.inference_mode()
+    def start_cache(self, encoder, capacity: int, beams: int = 1):
+        """A bucket's static buffers filled for this search; the eager cache when the bucket is held by another
+        search still running (two searches at once on one model)."""
+        handle = self.graphs.start_cache(encoder, capacity, beams)
+        return handle if handle is not None else super().start_cache(encoder, capacity, beams)
+
+    @torch.inference_mode()
+    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
+        """`EagerStep.decode_step` on a static cache: logits (N, V) (valid until the next step) and cross-attention
+        per layer (N, h, S)."""
+        if not isinstance(cache, graphs.StaticHandle):
+            return super().decode_step(last_ids, cache, need_weights)
+        static = cache.cache
+        step = static.length
+        if step >= static.capacity:
+            raise ValueError(f"decoder cache holds {static.capacity} steps; step {step} does not fit")
+        if step >= self.model.positions.size(0):
+            raise ValueError(f"position {step} exceeds max_position_embeddings={self.model.positions.size(0)}")
+        count = last_ids.size(0)
+        static.ids[:count].copy_(last_ids)
+        self.graphs.run(static, need_weights)
+        static.length = step + 1
+        cross = list(static.weights[:, :count].clone().unbind(0)) if need_weights else None
+        return static.logits[:count], cross
 
 
 def weights_precision(model) -> str:
@@ -305,6 +352,10 @@ class CompiledStep:
         """The step's output projection (int8 with rescoring, or fp32) of decoder states (N, d_model)."""
         return self._runtime.logits(hidden.detach().float().contiguous())
 
+    def start_cache(self, encoder, capacity: int, beams: int = 1):
+        """The cache `decode_step` runs on (eager.start_cache's, its cross-attention K/V from the lecture model)."""
+        return eager.start_cache(self.model, encoder, capacity, beams)
+
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
         step = cache.length
@@ -390,6 +441,8 @@ def load_step(model, precision: str = "float32"):
     if wanted == "eager":
         return EagerStep(model, f"{RUNTIME_ENV}=eager{int8_note}")
     device = model.final_logits_bias.device
+    if device.type == "cuda":  # the lecture model's step at static shapes, one CUDA graph replay per step
+        return GraphStep(model, capture=True)
     if device.type != "cpu":
         return EagerStep(model, f"the compiled step is measured on CPUs only; {device.type} decodes eagerly")
     if precision not in ("float32", "int8"):
