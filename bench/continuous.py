@@ -112,7 +112,8 @@ def engine_translator():
 
 def engine_comparison(translator, sentences: list[str], beam_size: int, rounds: int = 5) -> dict[str, Any]:
     """The engine alone, no service: 32 dev sentences decoded by the static search in one batch, and submitted
-    together to the continuous scheduler, one thread; best of `rounds` each, seconds."""
+    together to the continuous scheduler, one thread, both on the translator's step (the compiled decode loop where
+    it builds); best of `rounds` each, seconds."""
     from model import DecodingOptions
     from model.decoding.scheduler import Scheduler
     from model.decoding.search import beam_search
@@ -122,9 +123,9 @@ def engine_comparison(translator, sentences: list[str], beam_size: int, rounds: 
     timings: dict[str, list[float]] = {"static": [], "continuous": []}
     for _ in range(rounds):
         started = time.perf_counter()
-        beam_search(translator.model, ids, options, return_attention=True)
+        beam_search(translator.model, ids, options, return_attention=True, step=translator.step)
         timings["static"].append(time.perf_counter() - started)
-        scheduler = Scheduler(translator.model, max_rows=32 * beam_size)
+        scheduler = Scheduler(translator.model, max_rows=32 * beam_size, step=translator.step)
         for source in ids:
             scheduler.submit(source, options, return_attention=True)
         started = time.perf_counter()
@@ -153,10 +154,13 @@ def closed_loop_comparison(
 
     def static() -> None:
         for begin in range(0, len(ids), outstanding):
-            beam_search(translator.model, ids[begin : begin + outstanding], options, return_attention=True)
+            beam_search(translator.model, ids[begin : begin + outstanding], options, return_attention=True,
+                        step=translator.step)
 
     def continuous(phases: dict[str, float]) -> None:
-        scheduler = scheduler_module.Scheduler(translator.model, max_rows=64, alignment_head=translator.alignment_head)
+        scheduler = scheduler_module.Scheduler(
+            translator.model, max_rows=64, alignment_head=translator.alignment_head, step=translator.step
+        )
 
         def timed(name: str, function):
             def run(*args, **kwargs):
@@ -167,20 +171,19 @@ def closed_loop_comparison(
                     phases[name] = phases.get(name, 0.0) + time.process_time() - started
             return run
 
-        scheduler._admit = timed("admit (encoder, cache join)", scheduler._admit)
-        scheduler._advance_group = timed("search (beam_step, bookkeeping)", scheduler._advance_group)
-        scheduler._keep_rows = timed("keep rows (cache gathers)", scheduler._keep_rows)
-        decode_rows = scheduler_module.decode_rows
-        scheduler_module.decode_rows = timed("decoder step", decode_rows)
-        try:
-            queue, in_flight = list(ids), 0
-            while queue or in_flight:
-                while queue and in_flight < outstanding:
-                    scheduler.submit(queue.pop(0), options, return_attention=True)
-                    in_flight += 1
-                in_flight -= len(scheduler.step())
-        finally:
-            scheduler_module.decode_rows = decode_rows
+        scheduler._admit = timed("admit (encoder, join)", scheduler._admit)
+        if scheduler.loop is not None:  # the compiled loop: its step is one call (decoder, search, bookkeeping)
+            scheduler.loop = _TimedLoop(scheduler.loop, timed)
+        else:  # the eager step's ragged rows, stepped from Python
+            scheduler._advance_group = timed("search (beam_step, bookkeeping)", scheduler._advance_group)
+            scheduler._keep_rows = timed("keep rows (cache gathers)", scheduler._keep_rows)
+            scheduler.decoder_step.decode_rows = timed("decoder step", scheduler.decoder_step.decode_rows)
+        queue, in_flight = list(ids), 0
+        while queue or in_flight:
+            while queue and in_flight < outstanding:
+                scheduler.submit(queue.pop(0), options, return_attention=True)
+                in_flight += 1
+            in_flight -= len(scheduler.step())
 
     cpu_ms: dict[str, list[float]] = {"static": [], "continuous": []}
     phases_per_round: list[dict[str, float]] = []
@@ -209,6 +212,17 @@ def closed_loop_comparison(
             name: round(1000 * seconds / len(ids), 2) for name, seconds in phases_per_round[middle].items()
         },
     }
+
+
+class _TimedLoop:
+    """The compiled decode loop with its `step` timed as one phase (it runs decoder, search and row moves)."""
+
+    def __init__(self, loop, timed) -> None:
+        self._loop = loop
+        self.step = timed("loop step (decoder, search, rows)", loop.step)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loop, name)
 
 
 def mixed_arrivals(short: list[str], long: list[str], rate: float, count: int, seed: int) -> list:

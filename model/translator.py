@@ -501,8 +501,12 @@ class Translator:
 
     def _streamed(self, on_token: Callable[[StreamedToken], None]) -> TokenCallback:
         def streamed(request, token_id: int, logprob: float, attention: Tensor | None) -> None:
-            # attention (layers, heads, S): one step's maps; the alignment head's row is read as for a whole output
-            row = alignment_matrix(attention, *self.alignment_head).tolist() if attention is not None else None
+            # attention: the alignment head's row (S,) from the compiled loop, or one step's maps (layers, heads, S)
+            # from the eager scheduler, whose alignment head's row is read as for a whole output
+            row = None
+            if attention is not None:
+                one_head = attention if attention.dim() == 1 else alignment_matrix(attention, *self.alignment_head)
+                row = one_head.tolist()
             piece = self.tokenizer.target_tokens([token_id])[0]
             on_token(StreamedToken(request.step - 1, token_id, piece, logprob, row))
 

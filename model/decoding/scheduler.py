@@ -1,10 +1,12 @@
 """Continuous (iteration-level) batching: requests join and leave the running decode at every step.
 
-`Scheduler` owns one ragged KV cache whose rows belong to different requests at different
-positions. Each `step()` first admits waiting requests (their encoder pass runs and their
-cross-attention keys/values join the cache), then runs one decoder step for every row, then
-advances each request's search on its own rows; a request that is done leaves at once and its
-rows are freed for the next step. A request with beam size k holds k rows (greedy: one).
+`Scheduler` keeps the queue and decides when waiting requests join; the rows decode on the compiled
+step's decode loop (model/runtime/csrc/decoding.h, the loop every compiled search runs on), or, on the
+eager step, on one ragged KV cache here whose rows belong to different requests at different positions.
+Each `step()` first admits waiting requests (their encoder pass runs and their cross-attention
+keys/values join), then runs one decoder step for every row, then advances each request's search on its
+own rows; a request that is done leaves at once and its rows are freed for the next step. A request
+with beam size k holds k rows (greedy: one).
 
 Exactness: each request's search is `model.decoding.search._beam` for one input (both step through
 `model.decoding.search.beam_step`, with the same tie-breaking and the same back-tracking), and the rows of other
@@ -33,11 +35,12 @@ from model.decoding.search import (
     beam_step,
     captured,
     length_budget,
+    loop_hypotheses,
     next_logprobs,
 )
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.runtime import EagerStep
+from model.runtime import CAPTURE, EagerStep
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -67,6 +70,7 @@ class DecodeRequest:
     hypotheses: list[Hypothesis] | None = None
     cancelled: bool = False
     waited: int = 0  # steps spent in the queue
+    loop_id: int | None = None  # its id in the compiled decode loop
 
     @property
     def beams(self) -> int:
@@ -311,8 +315,12 @@ class Scheduler:
         self.max_rows = max_rows
         self.max_waiting = max_waiting
         self.alignment_head = alignment_head  # (layer, head or None for the average) for `alignment_rows`
+        # the compiled decode loop where the step has one, else the ragged cache this module steps from Python
+        new_loop = getattr(self.decoder_step, "new_loop", None)
+        self.loop = new_loop(alignment_head) if new_loop is not None else None
         self.cache = RaggedCache(model)
         self.running: list[DecodeRequest] = []  # in row order: request i owns the next `beams` rows
+        self._by_loop_id: dict[int, DecodeRequest] = {}
         self.waiting: deque[DecodeRequest] = deque()
         self.last_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
 
@@ -345,6 +353,9 @@ class Scheduler:
 
     @property
     def rows(self) -> int:
+        """Rows in flight: k per running request of beam size k."""
+        if self.loop is not None:
+            return sum(request.beams for request in self.running)
         return self.cache.rows
 
     @property
@@ -360,6 +371,8 @@ class Scheduler:
     @torch.inference_mode()
     def step(self) -> list[DecodeRequest]:
         """Admit waiting requests, decode one token for every row, advance every search; return those done."""
+        if self.loop is not None:
+            return self._step_on_the_loop()
         self._drop_cancelled()
         self._admit()
         if not self.running:
@@ -395,6 +408,53 @@ class Scheduler:
         tokens = torch.cat(next_tokens) if next_tokens else self.last_tokens[:0]
         self._keep_rows(keep_rows, tokens, same_sources=not finished, moves=moves)
         return finished
+
+    def _step_on_the_loop(self) -> list[DecodeRequest]:
+        """`step` on the compiled decode loop: it keeps the rows and every request's search; this hands on the
+        streamed tokens and builds the finished requests' hypotheses."""
+        for request in self.running:
+            if request.cancelled:
+                self.loop.cancel(request.loop_id)
+                del self._by_loop_id[request.loop_id]
+        self.running = [request for request in self.running if not request.cancelled]
+        self._admit()
+        if not self.running:
+            return []
+        tokens, done = self.loop.step()
+        for loop_id, token, logprob, attention in tokens:
+            request = self._by_loop_id[loop_id]
+            request.step += 1
+            request.on_token(request, token, logprob, attention)
+        finished = []
+        for loop_id, found in done:
+            request = self._by_loop_id.pop(loop_id)
+            request.hypotheses = loop_hypotheses(found, request.options.n_best, request.return_attention)
+            finished.append(request)
+        if finished:
+            gone = {id(request) for request in finished}
+            self.running = [request for request in self.running if id(request) not in gone]
+        return finished
+
+    def _join_the_loop(self, joining: list[DecodeRequest], hidden: Tensor, lengths: list[int]) -> None:
+        """Requests whose encoder pass is done join the compiled decode loop, each capturing what it needs: every
+        head's maps (return_attention), or the alignment head's rows (alignment_rows, or a stream's tokens)."""
+        captures = []
+        for request in joining:
+            if request.return_attention:
+                captures.append(CAPTURE["every_head"])
+            elif (request.alignment_rows or request.on_token is not None) and self.alignment_head is not None:
+                captures.append(CAPTURE["one_head"])
+            else:
+                captures.append(CAPTURE["nothing"])
+        ids = self.loop.join(
+            hidden, lengths, [r.beams for r in joining], [r.budget for r in joining],
+            [r.options.min_new_tokens for r in joining], [float(r.options.length_penalty) for r in joining],
+            captures, [r.on_token is not None for r in joining],
+        )
+        for request, loop_id in zip(joining, ids, strict=True):
+            request.loop_id = loop_id
+            self._by_loop_id[loop_id] = request
+        self.running.extend(joining)
 
     def _compacted(self, finished: list[DecodeRequest]) -> tuple[list[DecodeRequest], Moves | None]:
         """The running requests once `finished` leave, in their new row order, and how the rows of each source's
@@ -448,7 +508,7 @@ class Scheduler:
         waited ADMISSION_WAIT_STEPS steps. With rows to spare a request joins at the next step."""
         if not self.waiting:
             return False
-        free = self.max_rows - self.cache.rows
+        free = self.max_rows - self.rows
         if free * 4 >= self.max_rows or sum(r.beams for r in self.waiting) <= free:
             return True
         return self.waiting[0].waited >= ADMISSION_WAIT_STEPS
@@ -460,7 +520,7 @@ class Scheduler:
         if not self._admission_due():
             return
         joining: list[DecodeRequest] = []
-        rows = self.cache.rows
+        rows = self.rows
         while self.waiting and rows + self.waiting[0].beams <= self.max_rows:
             request = self.waiting.popleft()
             joining.append(request)
@@ -475,6 +535,9 @@ class Scheduler:
         padded = padded.to(self.device)
         mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
         hidden = self.decoder_step.encode(padded, mask)
+        if self.loop is not None:
+            self._join_the_loop(joining, hidden, lengths)
+            return
         repeat = torch.tensor([r.beams for r in joining], device=self.device)
         keys, values = self.decoder_step.cross_key_values(hidden, repeat)  # each request's on its k rows
         row_lengths = [length for request, length in zip(joining, lengths, strict=True) for _ in range(request.beams)]

@@ -35,7 +35,7 @@ from model.host import copy_to_host
 from model.options import DecodingOptions
 from model.runtime import CAPTURE, EagerStep
 from model.topk import row_topk
-from model.transformer import EncoderOutput, Transformer, additive_mask
+from model.transformer import EncoderOutput, Transformer
 
 NEG_INF = -1.0e9
 CHECK_EVERY_GPU = 8  # decoding steps between reads of which inputs are done, on a GPU
@@ -148,6 +148,8 @@ def beam_search(
     step = step if step is not None else EagerStep(model)
     encoder = EncoderOutput(step.encode(padded, mask), mask)
     capture = _Capture(return_attention, alignment_head, check_every or default_check_every(device))
+    if step.new_loop is not None and capture.check_every == 1:  # the compiled decode loop, every source joining now
+        return _on_the_loop(step, encoder.hidden, lengths, budgets, options, capture)
     if options.beam_size == 1:
         return _greedy(model, step, encoder, lengths, budgets, options, capture)
     return _beam(model, step, encoder, lengths, budgets, options, capture)
@@ -315,18 +317,40 @@ def beam_step(
     return new_state, BeamChoice(beam, token, token_logprob, chosen, done)
 
 
-def _compiled_loop(step, capture: _Capture):
-    """The compiled search loops of `step` (model.runtime.CompiledStep) when it has them and the search reads which
-    rows finished after every step (the CPU's way); else None, and the loop below drives `step.decode_step`."""
-    return step.compiled_search if capture.check_every == 1 else None
+def _on_the_loop(step, hidden: Tensor, lengths: list[int], budgets: list[int], options: DecodingOptions,
+                 capture: _Capture) -> list[list[Hypothesis]]:
+    """The search on the compiled decode loop (model/runtime/csrc/decoding.h): every source joins before the first
+    step and leaves when done; each runs this module's beam step (greedy: one beam) on its own rows."""
+    loop = step.new_loop(capture.head)
+    count = len(lengths)
+    what = capture.codes()[0]
+    ids = loop.join(
+        hidden, lengths, [options.beam_size] * count, budgets, [options.min_new_tokens] * count,
+        [float(options.length_penalty)] * count, [what] * count, [False] * count,
+    )
+    found: dict[int, list] = {}
+    while len(loop):
+        _, done = loop.step()
+        found.update(done)
+    return [loop_hypotheses(found[i], options.n_best, capture.full) for i in ids]
 
 
-def _cross_inputs(step, encoder) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
-    """Cross-attention K/V once per source and the additive source mask, for the compiled loops (a beam's k rows
-    read their source's through the loop's row map)."""
-    keys, values = step.cross_key_values(encoder.hidden, 1)
-    mask = additive_mask(encoder.mask[:, None, None, :], encoder.hidden.dtype)
-    return keys, values, mask
+def loop_hypotheses(found: list, n_best: int, full: bool) -> list[Hypothesis]:
+    """Hypotheses from what the decode loop gives a finished request ((tokens, log-probabilities, normalised score,
+    attention) per finished slot, best first): the first n_best; attention (T, L, h, S) every head's (`full`) →
+    cross_attention (L, h, T, S), or one head's rows (T, S) → alignment_attention."""
+    hypotheses = []
+    for tokens, logprobs, normalized, attention in found[:n_best]:
+        cross_attention = alignment_attention = None
+        if attention is not None:
+            if full:
+                cross_attention = attention.permute(1, 2, 0, 3).contiguous()
+            else:
+                alignment_attention = attention.float().contiguous()
+        hypotheses.append(
+            Hypothesis(list(tokens), sum(logprobs), list(logprobs), cross_attention, normalized, alignment_attention)
+        )
+    return hypotheses
 
 
 def _greedy(
@@ -348,20 +372,6 @@ def _greedy(
     length_penalty, min_new_tokens = options.length_penalty, options.min_new_tokens
     device = encoder.hidden.device
     batch, width = len(lengths), max(budgets)
-    loops = _compiled_loop(step, capture)
-    if loops is not None:  # the same loop, compiled: model/runtime/csrc/decoding.h (Runtime::greedy)
-        out_tokens, out_logprobs, out_length, attention_steps, actives = loops.greedy(
-            *_cross_inputs(step, encoder), budgets, min_new_tokens, config.eos_token_id, config.pad_token_id,
-            config.decoder_start_token_id, *capture.codes(),
-        )
-        attention_rows: list[list[int]] = [[] for _ in range(batch)]
-        offset = 0
-        for active in actives:
-            for row, index in enumerate(active):
-                attention_rows[index].append(offset + row)
-            offset += len(active)
-        return _greedy_hypotheses(out_tokens, out_logprobs, out_length, attention_steps, attention_rows, lengths,
-                                  length_penalty, capture)
     decode = step.decode_step
     cache = step.start_cache(encoder, capacity=width)
     active = list(range(batch))  # input index of each row (host)
@@ -452,15 +462,6 @@ def _beam(
     device = encoder.hidden.device
     batch = len(lengths)
     ref_stride = 2 * k * batch  # a finished hypothesis's reference: step * ref_stride + input slot * 2k + j
-    loops = _compiled_loop(step, capture)
-    if loops is not None:  # the same loop, compiled: model/runtime/csrc/decoding.h (Runtime::beam)
-        records, finals = loops.beam(
-            *_cross_inputs(step, encoder), budgets, k, float(length_penalty), min_new_tokens,
-            config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, *capture.codes(),
-        )
-        steps = [StepRecord(*record) for record in records]
-        return _beam_hypotheses(steps, [part for final in finals for part in final], lengths, ref_stride, k,
-                                num_return_sequences, capture)
     decode = step.decode_step
     cache = step.start_cache(encoder, capacity=max(budgets), beams=k)  # each source's K/V on its k rows
 

@@ -1,6 +1,8 @@
 """The compiled decoding step (csrc/: bindings.cpp and the headers it includes) built and loaded, its kernels chosen on
-the running machine, and the eager step it falls back to; both expose `decode_step` (the static search's cache) and
-`decode_rows` (the continuous scheduler's ragged rows)."""
+the running machine, and the eager step it falls back to. The compiled step's `new_loop` is the decode loop every
+search runs on it (csrc/decoding.h: requests join and leave between steps; a static batch joins at once); the eager
+step exposes `decode_step` (the static search's cache) and `decode_rows` (the continuous scheduler's ragged rows),
+which model/decoding drives from Python."""
 
 from __future__ import annotations
 
@@ -168,9 +170,9 @@ class RuntimeInfo:
 
 class EagerStep:
     """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search and the
-    scheduler drive its `decode_step`/`decode_rows` from Python (it has no `compiled_search`)."""
+    scheduler drive its `decode_step`/`decode_rows` from Python (it has no compiled decode loop)."""
 
-    compiled_search = None  # no whole-search loops: the search drives decode_step from Python
+    new_loop = None  # no compiled decode loop: the search and the scheduler drive decode_step/decode_rows
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -298,7 +300,6 @@ class CompiledStep:
             reduce, RESCORED_CANDIDATES,
         )
         self.names.append("output")
-        self.compiled_search = self._runtime  # whole searches in one call (Runtime.greedy, Runtime.beam)
         self.info = RuntimeInfo("compiled", precision, "")
         if choose:
             self.choose(precision)
@@ -370,15 +371,18 @@ class CompiledStep:
         cache.length = step + 1
         return logits, (cross if need_weights else None)
 
-    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`EagerStep.decode_rows` on the compiled step: every row at its own position."""
-        cache.prepare()
-        logits, cross = self._runtime.step_rows(
-            last_ids, cache.positions, cache.key_buffers, cache.value_buffers, cache.width, cache.self_mask,
-            cache.cross_key, cache.cross_value, cache.source_mask, need_weights,
+    def new_loop(self, alignment_head: tuple[int, int | None] | None = None):
+        """A decode loop on this step (csrc/decoding.h's Loop): requests `join` with their encoder's states, each
+        `step` decodes one token for every row and returns the streamed tokens and the requests done.
+        alignment_head (layer, head or None for the layer's average): the rows a request capturing one head
+        keeps."""
+        self.refresh()
+        config = self.model.config
+        layer, head = alignment_head if alignment_head is not None else (0, 0)
+        return self.extension.Loop(
+            self._runtime, config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, layer,
+            -1 if head is None else head,
         )
-        cache.advance()
-        return logits, (cross if need_weights else None)
 
 
 def reduce_range(extension) -> bool:

@@ -1,6 +1,5 @@
 """The codes Python passes the compiled step are its own enums' (pybind11 Kernel, Activation, Capture), and its
-step takes named arguments: step_at for the static search's cache, step_rows for the continuous scheduler's rows;
-the build digest covers every source."""
+step and its decode loop take named arguments; the build digest covers every source."""
 
 from __future__ import annotations
 
@@ -22,9 +21,13 @@ def test_the_python_codes_are_the_compiled_enums():
 
 @needs_compiled
 def test_the_step_bindings_name_their_arguments():
-    docs = compiled_extension().Runtime.step_at.__doc__ + compiled_extension().Runtime.step_rows.__doc__
-    for name in ("position", "positions", "width", "self_mask", "source_mask", "need_weights"):
+    extension = compiled_extension()
+    docs = extension.Runtime.step_at.__doc__
+    for name in ("position", "source_mask", "need_weights"):
         assert f"{name}:" in docs
+    joined = extension.Loop.join.__doc__
+    for name in ("hidden", "lengths", "beams", "budgets", "min_new_tokens", "length_penalties", "captures", "streams"):
+        assert f"{name}:" in joined
 
 
 def test_the_build_digest_covers_every_source(tmp_path, monkeypatch):

@@ -119,13 +119,17 @@ CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_
 
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
 // dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined; `kv_rows` (N,) long, when defined,
-// the row of key, value and mask each query reads (a search's rows of a source that others left). Returns the
-// heads' contexts side by side (N, h·d_k) and the weights (N·h, 1, t). `lanes`: attend_one's.
+// the row of key, value and mask each query reads (the decode loop's rows of a source slot); `lengths` (N,) long,
+// when defined, the positions each query reads (the first lengths[r]; its weights beyond are 0): a row's numbers
+// then depend on its own keys alone, never on how long the others are. Returns the heads' contexts side by side
+// (N, h·d_k) and the weights (N·h, 1, t). `lanes`: attend_one's.
 std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                     int64_t heads, const Tensor& kv_rows, bool lanes) {
+                                     int64_t heads, const Tensor& kv_rows, bool lanes, const Tensor& lengths) {
   const int64_t rows = q.size(0), length = key.size(2), d_k = key.size(3);
   const Tensor at_rows = kv_rows.defined() ? kv_rows.contiguous() : Tensor();
   const int64_t* row_of = at_rows.defined() ? at_rows.data_ptr<int64_t>() : nullptr;
+  const Tensor own_lengths = lengths.defined() ? lengths.contiguous() : Tensor();
+  const int64_t* reads = own_lengths.defined() ? own_lengths.data_ptr<int64_t>() : nullptr;
   Tensor context = at::empty({rows, heads * d_k}, q.options());
   Tensor weights = at::empty({rows * heads, 1, length}, q.options());
   const float* qs = q.data_ptr<float>();
@@ -142,22 +146,26 @@ std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const T
   at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t r = index / heads, h = index % heads, kv = row_of ? row_of[r] : r;
+      const int64_t own = reads ? reads[r] : length;
+      float* w = ws + index * length;
       attend_one(qs + r * q_row + h * d_k, ks + kv * k_row + h * k_head, k_pos, vs + kv * v_row + h * v_head, v_pos,
-                 ms ? ms + kv * m_row : nullptr, m_pos, length, d_k, scale, ws + index * length,
-                 cs + r * heads * d_k + h * d_k, lanes);
+                 ms ? ms + kv * m_row : nullptr, m_pos, own, d_k, scale, w, cs + r * heads * d_k + h * d_k, lanes);
+      for (int64_t j = own; j < length; ++j) w[j] = 0.0f;
     }
   });
   return {context, weights};
 }
 
 std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                 int64_t heads, const Tensor& kv_rows = Tensor(), bool lanes = false) {
+                                 int64_t heads, const Tensor& kv_rows = Tensor(), bool lanes = false,
+                                 const Tensor& lengths = Tensor()) {
   const int64_t head_width = key.size(3);
   const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
   if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
       heads_side_by_side && (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu())) {
-    return attend_cpu(q, key, value, mask, heads, kv_rows, lanes);
+    return attend_cpu(q, key, value, mask, heads, kv_rows, lanes, lengths);
   }
+  TORCH_CHECK(!lengths.defined(), "attention over per-row lengths runs on the CPU only");
   if (kv_rows.defined()) {
     return attend(q, key.index_select(0, kv_rows), value.index_select(0, kv_rows),
                   mask.defined() ? mask.index_select(0, kv_rows) : mask, heads);

@@ -2,7 +2,8 @@
 // (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; runtime.h; decoding.h),
 // included once here, so that the CPU-level clones and the anonymous namespace stay one unit.
 // The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
-// best candidates, for one new position per row, in one call from Python, and whole greedy and beam searches. The
+// best candidates, for one new position per row, in one call from Python, and the decode loop (decoding.h) in
+// which requests join and leave between steps. The
 // arithmetic is model/runtime/eager.py's layer_step (the reference it is tested against), on ATen ops, so it runs
 // on any device ATen does; only the int8 kernels are CPU-only.
 
@@ -78,11 +79,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step_at", &Runtime::step_at, pybind11::arg("ids"), pybind11::arg("position"), pybind11::arg("self_key"),
            pybind11::arg("self_value"), pybind11::arg("cross_key"), pybind11::arg("cross_value"),
            pybind11::arg("source_mask"), pybind11::arg("need_weights"),
-           pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("step_rows", &Runtime::step_rows, pybind11::arg("ids"), pybind11::arg("positions"),
-           pybind11::arg("self_key"), pybind11::arg("self_value"), pybind11::arg("width"), pybind11::arg("self_mask"),
-           pybind11::arg("cross_key"), pybind11::arg("cross_value"), pybind11::arg("source_mask"),
-           pybind11::arg("need_weights"), pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("greedy", &Runtime::greedy, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("beam", &Runtime::beam, pybind11::call_guard<pybind11::gil_scoped_release>());
+           pybind11::call_guard<pybind11::gil_scoped_release>());
+  pybind11::class_<Loop>(m, "Loop")
+      .def(pybind11::init<Runtime&, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("runtime"),
+           pybind11::arg("eos"), pybind11::arg("pad"), pybind11::arg("start"), pybind11::arg("capture_layer"),
+           pybind11::arg("capture_head"), pybind11::keep_alive<1, 2>())
+      .def("join", &Loop::join, pybind11::arg("hidden"), pybind11::arg("lengths"), pybind11::arg("beams"),
+           pybind11::arg("budgets"), pybind11::arg("min_new_tokens"), pybind11::arg("length_penalties"),
+           pybind11::arg("captures"), pybind11::arg("streams"), pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("cancel", &Loop::cancel, pybind11::arg("id"))
+      .def("step", &Loop::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("rows", &Loop::rows)
+      .def("__len__", &Loop::size);
 }

@@ -1,406 +1,436 @@
-// The search loops (model/search.py's _greedy and _beam on the CPU, line for line) and their cache.
+// The decode loop: every running request's rows decode one token per step together, and requests join and leave
+// between any two steps. A static batch is the case where every request joins before the first step; the
+// continuous scheduler (model/decoding/scheduler.py) joins them as they arrive. Each request runs the beam step of
+// model/decoding/search.py (beam_step; greedy is one beam) on its own rows, at its own step, with its own length
+// budget, minimum length, length penalty and capture, so that its ids, scores and attention are what it gets
+// decoded alone: attention reads each row's own positions and its own source's (attend's per-row lengths), and
+// every matmul's kernel is row-invariant (Runtime::choose).
 #pragma once
 
 #include "runtime.h"
 
 namespace {
 
-// The static search's cache (model.runtime.eager.DecoderCache): self-attention K/V preallocated per layer
-// (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
-struct Runtime::Cache {
-  std::vector<Tensor> self_key, self_value, spare_key, spare_value, cross_key, cross_value;
-  std::shared_ptr<Tensor> workspace;  // the block the self-attention buffers lie in (CPU), while this cache lives
-  Tensor source_mask;
-  Tensor cross_rows;  // on the CPU: the row of cross_key, cross_value and source_mask each row reads
-  int64_t length = 0;
+class Loop {
+ public:
+  // A streamed token: (request, token, its log-probability, the attention row the request captures: every
+  // layer's and head's (L, h, S), one head's (S,), or None).
+  using Token = std::tuple<int64_t, int64_t, double, c10::optional<Tensor>>;
+  // A finished hypothesis: (tokens, their log-probabilities, length-normalised score, its attention: every
+  // layer's and head's (T, L, h, S), one head's rows (T, S), or None).
+  using Hypothesis = std::tuple<std::vector<int64_t>, std::vector<double>, double, c10::optional<Tensor>>;
+  using Done = std::tuple<int64_t, std::vector<Hypothesis>>;  // a request and its finished hypotheses, best first
 
-  // out[r, :, :length] = in[index[r], :, :length] for buffers (R, h, capacity, d_k): one copy per row and head
-  // of the positions written so far (index_select over the narrowed buffer walks them element by element).
-  void copy_rows(const Tensor& in, Tensor& out, const Tensor& index) const {
-    const int64_t heads = in.size(1), capacity = in.size(2), d_k = in.size(3), rows = index.numel();
-    const Tensor picked = index.to(at::kLong).contiguous();
-    const int64_t* from = picked.data_ptr<int64_t>();
-    const float* source = in.data_ptr<float>();
-    float* target = out.data_ptr<float>();
-    const int64_t block = capacity * d_k;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < heads; ++h)
-        std::memcpy(target + (r * heads + h) * block, source + (from[r] * heads + h) * block,
-                    sizeof(float) * length * d_k);
+  // eos, pad and start: the model's tokens; capture_layer and capture_head (< 0: the layer's head average): the
+  // head a request with Capture one_head keeps.
+  Loop(Runtime& runtime, int64_t eos, int64_t pad, int64_t start, int64_t capture_layer, int64_t capture_head)
+      : runtime_(runtime), eos_(eos), pad_(pad), start_(start), capture_layer_(capture_layer),
+        capture_head_(capture_head) {}
+
+  // Requests whose encoder pass is done join: their hidden states (n, S, d_model) right-padded, source lengths, and
+  // per request its beam size, length budget, minimum new tokens, length penalty, Capture and whether its tokens
+  // are streamed (beam size 1). They decode from the next step; returns their ids.
+  std::vector<int64_t> join(const Tensor& hidden, const std::vector<int64_t>& lengths, const std::vector<int64_t>& beams,
+                            const std::vector<int64_t>& budgets, const std::vector<int64_t>& min_new_tokens,
+                            const std::vector<double>& length_penalties, const std::vector<int64_t>& captures,
+                            const std::vector<bool>& streams) {
+    at::InferenceMode guard;
+    TORCH_CHECK(plain_cpu(hidden), "the decode loop runs on the CPU");
+    const int64_t count = hidden.size(0);
+    TORCH_CHECK(static_cast<int64_t>(lengths.size()) == count && beams.size() == lengths.size() &&
+                    budgets.size() == lengths.size() && min_new_tokens.size() == lengths.size() &&
+                    length_penalties.size() == lengths.size() && captures.size() == lengths.size() &&
+                    streams.size() == lengths.size(),
+                "one length, beam size, budget, minimum, penalty, capture and stream flag per source");
+    const int64_t width = hidden.size(1);
+    for (int64_t i = 0; i < count; ++i) {
+      TORCH_CHECK(beams[i] >= 1 && budgets[i] >= 1 && lengths[i] >= 1 && lengths[i] <= width, "a bad request");
+      TORCH_CHECK(budgets[i] <= runtime_.positions_.size(0), "a budget past the model's positions");
+    }
+    // the slots this join takes: the free ones first, then new ones past the last
+    grow_sources(slots_ + std::max<int64_t>(0, count - static_cast<int64_t>(free_slots_.size())), width);
+    auto [keys, values] = runtime_.cross_key_values(hidden, at::ones({count}, hidden.options().dtype(at::kLong)));
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < count; ++i) {
+      Request request;
+      request.id = next_id_++;
+      request.k = beams[i];
+      request.budget = budgets[i];
+      request.min_new_tokens = min_new_tokens[i];
+      request.length_penalty = length_penalties[i];
+      request.capture = captures[i];
+      request.stream = streams[i];
+      request.length = lengths[i];
+      request.slot = take_slot();
+      for (size_t layer = 0; layer < keys.size(); ++layer) {
+        cross_key_[layer].select(0, request.slot).narrow(1, 0, width).copy_(keys[layer][i]);
+        cross_value_[layer].select(0, request.slot).narrow(1, 0, width).copy_(values[layer][i]);
+      }
+      const float neg = static_cast<float>(kNegInf);
+      request.running.assign(request.k, neg);
+      request.running[0] = 0.0f;  // the k beams start as one: only the first may be extended at step 0
+      request.finished.assign(request.k, neg);
+      request.finished_done.assign(request.k, 0);
+      request.paths.resize(request.k);
+      request.finished_paths.resize(request.k);
+      request.next_tokens = {start_};
+      ids.push_back(request.id);
+      requests_.push_back(std::move(request));
+    }
+    return ids;
   }
 
-  // Rows `index` of every cache (the self-attention caches' rows `self_index` instead, where given).
-  void reorder(const Tensor& index, bool same_sources, const Tensor& self_index = Tensor()) {
-    const int64_t rows = index.numel();
-    const Tensor& own = self_index.defined() ? self_index : index;
-    for (auto* pair : {&self_key, &self_value}) {
-      auto& spares = pair == &self_key ? spare_key : spare_value;
-      for (size_t i = 0; i < pair->size(); ++i) {
-        if (plain_cpu((*pair)[i]) && (*pair)[i].is_contiguous() && spares[i].is_contiguous() && own.is_cpu()) {
-          copy_rows((*pair)[i], spares[i], own);
-        } else {
-          Tensor out = spares[i].narrow(0, 0, rows).narrow(2, 0, length);
-          at::index_select_out(out, (*pair)[i].narrow(2, 0, length), 0, own);
-        }
-        std::swap((*pair)[i], spares[i]);
-      }
-    }
-    if (same_sources && rows == (cross_rows.defined() ? cross_rows.numel() : cross_key[0].size(0))) return;
-    if (cross_rows.defined()) {  // rows that left are no longer read: nothing of the sources' K/V is copied
-      cross_rows = cross_rows.index_select(0, index);
-      return;
-    }
-    for (auto& t : cross_key) t = t.index_select(0, index);
-    for (auto& t : cross_value) t = t.index_select(0, index);
-    if (source_mask.defined()) source_mask = source_mask.index_select(0, index);
+  // Stop decoding a request: its rows leave at the next step.
+  void cancel(int64_t id) {
+    for (Request& request : requests_)
+      if (request.id == id) request.cancelled = true;
   }
-};
 
-// capture: a Capture (every layer's and head's cross-attention per step (N, L, h, S), or one head's rows (N, S),
-// capture_head < 0: the layer's head average).
-Tensor Runtime::keep(const std::vector<Tensor>& cross, int64_t capture, int64_t layer, int64_t head) const {
-  if (capture == kCaptureEveryHead) return at::stack(cross, 1);
-  if (capture == kCaptureOneHead) return head < 0 ? cross[layer].mean(1) : cross[layer].select(1, head);
-  return Tensor();
-}
-
-// Greedy search over cross K/V (per layer (B, h, S, d_k)) and `source_mask` ((B, 1, 1, S) additive or None):
-// returns tokens (B, W), their log-probabilities (B, W), lengths (B,), and per step the captured attention and
-// the inputs its rows belong to.
-std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<std::vector<int64_t>>> Runtime::greedy(
-    std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
-    std::vector<int64_t> budgets, int64_t min_new_tokens, int64_t eos, int64_t pad, int64_t start,
-    int64_t capture, int64_t capture_layer, int64_t capture_head) {
-  at::InferenceMode guard;
-  const int64_t batch = budgets.size();
-  const int64_t width = *std::max_element(budgets.begin(), budgets.end());
-  auto longs = cross_key[0].options().dtype(at::kLong);
-  Cache cache = start_cache(cross_key, cross_value, source_mask, width);
-  std::vector<int64_t> active(batch);
-  for (int64_t i = 0; i < batch; ++i) active[i] = i;
-  Tensor rows_of = at::arange(batch, longs);
-  Tensor out_tokens = at::full({batch, width}, pad, longs);
-  Tensor out_logprobs = at::zeros({batch, width}, cross_key[0].options());
-  Tensor out_length = at::full({batch}, width, longs);
-  Tensor alive = at::ones({batch}, longs.dtype(at::kBool));
-  std::vector<Tensor> attention_steps;
-  std::vector<std::vector<int64_t>> actives;
-  Tensor last_tokens = at::full({batch}, start, longs);
-  for (int64_t step = 0; step < width; ++step) {
-    auto [logits, cross] = run_step(last_tokens, step, cache, capture != kCaptureNothing);
-    std::vector<int64_t> ending;
-    for (size_t row = 0; row < active.size(); ++row)
-      if (budgets[active[row]] <= step + 1) ending.push_back(row);
-    Tensor logprobs = next_logprobs(logits, step + 1 < min_new_tokens, ending, eos, pad);
-    auto [best_logprob, best] = logprobs.max(-1);
-    using at::indexing::TensorIndex;
-    out_tokens.index_put_({rows_of, step}, best);
-    out_logprobs.index_put_({rows_of, step}, best_logprob);
-    Tensor ended = alive & best.eq(eos);
-    out_length.index_put_({rows_of}, at::where(ended, at::scalar_tensor(step + 1, longs), out_length.index({rows_of})));
-    alive = alive & ~ended;
-    if (capture != kCaptureNothing) {
-      attention_steps.push_back(keep(cross, capture, capture_layer, capture_head));
-      actives.push_back(active);
-    }
-    last_tokens = best;
-    std::vector<int64_t> kept;
-    auto alive_flags = alive.accessor<bool, 1>();
-    for (int64_t row = 0; row < alive.size(0); ++row)
-      if (alive_flags[row]) kept.push_back(row);
-    if (kept.empty()) break;
-    if (kept.size() < active.size()) {
-      Tensor rows = at::tensor(kept, longs);
-      cache.reorder(rows, false);
-      keep_rows({&last_tokens, &alive, &rows_of}, rows);
-      active = picked(active, kept);
-    }
+  // Rows the next step decodes (a request's first step takes one row, then k), and requests held.
+  int64_t rows() const {
+    int64_t rows = 0;
+    for (const Request& request : requests_)
+      if (!request.cancelled) rows += request.step == 0 ? 1 : request.k;
+    return rows;
   }
-  return {out_tokens, out_logprobs, out_length, attention_steps, actives};
-}
+  int64_t size() const { return static_cast<int64_t>(requests_.size()); }
 
-// Beam search of beam size k over cross K/V (and source mask) with one row per source, which its k rows share.
-// Returns, per step, the records
-// model.search.StepRecord holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
-// candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
-std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> Runtime::beam(
-    std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
-    std::vector<int64_t> budgets, int64_t k, double length_penalty, int64_t min_new_tokens, int64_t eos,
-    int64_t pad, int64_t start, int64_t capture, int64_t capture_layer, int64_t capture_head) {
-  at::InferenceMode guard;
-  const int64_t batch = budgets.size();
-  const int64_t width = *std::max_element(budgets.begin(), budgets.end());
-  auto floats = cross_key[0].options();
-  auto longs = floats.dtype(at::kLong);
-  Cache cache = start_cache(cross_key, cross_value, source_mask, width, k);
-  std::vector<int64_t> active(batch);
-  for (int64_t i = 0; i < batch; ++i) active[i] = i;
-  // The search state of each active input lives on the host, its k slots side by side: at a text's four rows a
-  // step's bookkeeping is a few dozen numbers, where one ATen call per operation (about forty a step) and their
-  // allocations cost more than the decoding step's own small operations (perf at B=1).
-  const float neg = static_cast<float>(kNegInf);
-  std::vector<float> running(batch * k, neg), finished(batch * k, neg);
-  std::vector<char> finished_done(batch * k, 0), improvable(batch, 1), frozen(batch, 0);
-  std::vector<int64_t> finished_ref(batch * k, -1);
-  for (int64_t a = 0; a < batch; ++a) running[a * k] = 0.0f;
-  Tensor last_tokens = at::full({batch * k}, start, longs);
-  std::vector<std::vector<Tensor>> results(batch);
-  std::vector<std::vector<Tensor>> steps;
-  Tensor run_source_row, run_token, run_logprob;
-  const int64_t ref_stride = 2 * k * batch, wide = 2 * k * k;
-  const bool fused = fused_candidates() && plain_cpu(cross_key[0]);
-  const auto host_longs = at::TensorOptions().dtype(at::kLong), host_floats = at::TensorOptions().dtype(at::kFloat);
-  std::vector<std::pair<float, int64_t>> order(wide), merged(3 * k);
-  std::vector<float> top_scores(2 * k), candidate(2 * k), kept_scores(k);
-  std::vector<char> hits(2 * k), taking(2 * k), kept_done(k);
-  std::vector<int64_t> kept_ref(k);
-  const auto before = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
-    // at::topk's order: larger first (NaN largest), of equal values the lower index first
-    const bool x_nan = std::isnan(x.first), y_nan = std::isnan(y.first);
-    if (x_nan != y_nan) return x_nan;
-    return x.first > y.first || (x.first == y.first && x.second < y.second);
-  };
-  for (int64_t step = 0; step < width; ++step) {
-    const int64_t items = active.size();
-    // The first step runs one row per input, then its answers are copied to the input's k rows (as
-    // CTranslate2 does on a CPU): every beam starts from the same start token, and only beam 0's scores count.
-    const bool first = step == 0 && k > 1;
-    const bool banned = step + 1 < min_new_tokens;
-    auto [out, cross] = first ? first_step(last_tokens, k, cache, capture != kCaptureNothing, fused)
-                              : run_step(last_tokens, step, cache, capture != kCaptureNothing, fused);
-    Tensor row_logprob, row_token;  // (rows, 2k): each row's 2k best next tokens, rows = G·k (G at the first step)
-    if (fused) {  // `out`: the last layer's states, of one row per input at the first step
-      std::vector<char> ending;
-      for (int64_t a = 0; a < items; ++a)
-        for (int64_t b = 0; b < (first ? 1 : k); ++b) ending.push_back(budgets[active[a]] <= step + 1);
-      std::tie(row_logprob, row_token) = candidates(out, 2 * k, banned, ending, eos, pad);
-    } else {  // `out`: the logits, of every row
-      std::vector<int64_t> ending;
-      for (int64_t a = 0; a < items; ++a)
-        if (budgets[active[a]] <= step + 1)
-          for (int64_t b = 0; b < k; ++b) ending.push_back(a * k + b);
-      std::tie(row_logprob, row_token) = row_topk(next_logprobs(out, banned, ending, eos, pad), 2 * k);
+  // One token for every row: the streamed tokens of this step, and the requests that are done, with their
+  // hypotheses (in the order of their finished slots: best first).
+  std::pair<std::vector<Token>, std::vector<Done>> step() {
+    at::InferenceMode guard;
+    std::vector<Token> tokens;
+    std::vector<Done> finished;
+    drop_cancelled();
+    if (requests_.empty()) return {tokens, finished};
+    place_rows();
+    const int64_t rows = rows_now_;
+    auto longs = at::TensorOptions().dtype(at::kLong);
+    Tensor ids = at::empty({rows}, longs), positions = at::empty({rows}, longs), cross_rows = at::empty({rows}, longs);
+    Tensor self_lengths = at::empty({rows}, longs), cross_lengths = at::empty({rows}, longs);
+    int64_t *id = ids.data_ptr<int64_t>(), *position = positions.data_ptr<int64_t>();
+    int64_t *slot = cross_rows.data_ptr<int64_t>(), *own = self_lengths.data_ptr<int64_t>();
+    int64_t* source = cross_lengths.data_ptr<int64_t>();
+    std::vector<char> banned(rows), ending(rows);
+    int64_t width = 0, source_width = 0, widest_beam = 1;
+    bool every_head = false, one_head = false;
+    for (const Request& request : requests_) {
+      for (int64_t j = 0; j < request.rows(); ++j) {
+        const int64_t r = request.first_row + j;
+        id[r] = request.next_tokens[j];
+        position[r] = request.step;
+        slot[r] = request.slot;
+        own[r] = request.step + 1;
+        source[r] = request.length;
+        banned[r] = request.step + 1 < request.min_new_tokens;
+        ending[r] = request.budget <= request.step + 1;
+      }
+      width = std::max(width, request.step + 1);
+      source_width = std::max(source_width, request.length);
+      widest_beam = std::max(widest_beam, request.k);
+      every_head = every_head || request.capture == kCaptureEveryHead;
+      one_head = one_head || request.capture == kCaptureOneHead;
     }
-    const Tensor host_logprob = row_logprob.to(at::kCPU).contiguous(), host_token = row_token.to(at::kCPU).contiguous();
-    const float* lp = host_logprob.data_ptr<float>();
-    const int64_t* tk = host_token.data_ptr<int64_t>();
-    const bool one_row = first && fused;  // then each input's one row stands for its k rows
-    const int64_t row_stride = one_row ? 0 : 2 * k;
-    const float divisor = static_cast<float>(std::pow(static_cast<double>(step + 1), length_penalty));
+    std::vector<Tensor> cross_key, cross_value;
+    for (size_t i = 0; i < cross_key_.size(); ++i) {
+      cross_key.push_back(cross_key_[i].narrow(2, 0, source_width));
+      cross_value.push_back(cross_value_[i].narrow(2, 0, source_width));
+    }
+    auto [x, cross] = runtime_.layers(ids, -1, positions, self_key_, self_value_, width, c10::nullopt, cross_key,
+                                      cross_value, c10::nullopt, every_head || one_head, cross_rows, self_lengths,
+                                      cross_lengths);
+    // each row's 2K best next tokens, K the widest beam: a request of beam k reads the first 2k (the same ones)
+    const int64_t m = 2 * widest_beam;
+    auto [best_logprob, best_token] = runtime_.candidates(x, m, banned, ending, eos_, pad_);
+    const float* lp = best_logprob.data_ptr<float>();
+    const int64_t* tk = best_token.data_ptr<int64_t>();
+    Tensor all_heads = every_head ? at::stack(cross, 1) : Tensor();  // (N, L, h, S)
+    Tensor head_rows;                                                 // (N, S)
+    if (one_head)
+      head_rows = capture_head_ < 0 ? cross[capture_layer_].mean(1) : cross[capture_layer_].select(1, capture_head_);
 
-    // model.search.beam_step, one input at a time
-    Tensor row_t = at::empty({items, 2 * k}, host_longs), token_t = at::empty({items, 2 * k}, host_longs);
-    Tensor token_logprob_t = at::empty({items, 2 * k}, host_floats);
-    Tensor new_rows_t = at::empty({items * k}, host_longs), new_tokens_t = at::empty({items * k}, host_longs);
-    Tensor new_logprobs_t = at::empty({items * k}, host_floats);
-    int64_t *rows_out = row_t.data_ptr<int64_t>(), *tokens_out = token_t.data_ptr<int64_t>();
-    float* logprobs_out = token_logprob_t.data_ptr<float>();
-    int64_t *new_rows = new_rows_t.data_ptr<int64_t>(), *new_tokens = new_tokens_t.data_ptr<int64_t>();
-    float* new_logprobs = new_logprobs_t.data_ptr<float>();
-    std::vector<char> done(items);
-    for (int64_t a = 0; a < items; ++a) {
-      float* run = running.data() + a * k;
-      const int64_t base = one_row ? a * 2 * k : a * k * 2 * k;
-      for (int64_t b = 0; b < k; ++b)
-        for (int64_t j = 0; j < 2 * k; ++j) order[b * 2 * k + j] = {lp[base + b * row_stride + j] + run[b], b * 2 * k + j};
-      std::partial_sort(order.begin(), order.begin() + 2 * k, order.begin() + wide, before);
-      const bool ending = budgets[active[a]] <= step + 1;
-      for (int64_t j = 0; j < 2 * k; ++j) {
-        top_scores[j] = order[j].first;
-        const int64_t beam = order[j].second / (2 * k), at_flat = base + beam * row_stride + order[j].second % (2 * k);
-        rows_out[a * 2 * k + j] = a * k + beam;
-        tokens_out[a * 2 * k + j] = tk[at_flat];
-        logprobs_out[a * 2 * k + j] = lp[at_flat];
-        hits[j] = tk[at_flat] == eos || ending;
+    std::vector<Request> kept;
+    for (Request& request : requests_) {
+      Tensor attention;  // this step's rows of the request, cut to its source: (n, L, h, S) or (n, S)
+      if (request.capture == kCaptureEveryHead || request.capture == kCaptureOneHead) {
+        const Tensor& from = request.capture == kCaptureEveryHead ? all_heads : head_rows;
+        attention = from.narrow(0, request.first_row, request.rows()).narrow(-1, 0, request.length).clone();
       }
-      // the k best that do not end here continue: order[0 … k-1] from here on (their scores and candidates)
-      for (int64_t j = 0; j < 2 * k; ++j) order[j] = {top_scores[j] + (hits[j] ? neg : -0.0f), j};
-      std::partial_sort(order.begin(), order.begin() + k, order.begin() + 2 * k, before);
-      bool all_done = true;
-      for (int64_t j = 0; j < k; ++j) all_done = all_done && finished_done[a * k + j];
-      for (int64_t j = 0; j < 2 * k; ++j) {
-        taking[j] = hits[j] && j < k && !frozen[a];
-        const bool eligible = taking[j] && improvable[a] && !all_done;
-        candidate[j] = eligible ? top_scores[j] / divisor : top_scores[j] + 2.0f * neg;
+      const bool done = advance(request, lp + request.first_row * m, tk + request.first_row * m, m, attention);
+      if (request.stream && request.k == 1) {
+        tokens.emplace_back(request.id, request.candidate_token[0], request.candidate_logprob[0],
+                            attention.defined() ? c10::optional<Tensor>(attention[0]) : c10::nullopt);
       }
-      // merge the finished slots with this step's candidates and keep the k best
-      for (int64_t j = 0; j < k; ++j) merged[j] = {finished[a * k + j], j};
-      for (int64_t j = 0; j < 2 * k; ++j) merged[k + j] = {candidate[j], k + j};
-      std::partial_sort(merged.begin(), merged.begin() + k, merged.end(), before);
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t slot = merged[j].second;
-        kept_scores[j] = merged[j].first;
-        kept_done[j] = slot < k ? finished_done[a * k + slot] : taking[slot - k];
-        kept_ref[j] = slot < k ? finished_ref[a * k + slot] : a * 2 * k + (slot - k) + step * ref_stride;
-      }
-      float worst = kept_scores[0];
-      bool every_done = true, every_hit = true, can_improve = false;
-      for (int64_t j = 0; j < k; ++j) {
-        finished[a * k + j] = kept_scores[j];
-        finished_done[a * k + j] = kept_done[j];
-        finished_ref[a * k + j] = kept_ref[j];
-        worst = std::min(worst, kept_scores[j]);
-        every_done = every_done && kept_done[j];
-      }
-      for (int64_t j = 0; j < 2 * k; ++j) every_hit = every_hit && hits[j];
-      const float best_possible = order[0].first / divisor;
-      for (int64_t j = 0; j < k; ++j) can_improve = can_improve || best_possible > (kept_done[j] ? worst : neg);
-      improvable[a] = improvable[a] && can_improve;
-      done[a] = !improvable[a] || every_done || every_hit || frozen[a];
-      frozen[a] = done[a];
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t c = order[j].second;
-        run[j] = order[j].first;
-        new_rows[a * k + j] = rows_out[a * 2 * k + c];
-        new_tokens[a * k + j] = tokens_out[a * 2 * k + c];
-        new_logprobs[a * k + j] = logprobs_out[a * 2 * k + c];
-      }
-    }
-    const auto device = cross_key[0].device();
-    steps.push_back({run_source_row, run_token, run_logprob, row_t.to(device), token_t.to(device),
-                     token_logprob_t.to(device), keep(cross, capture, capture_layer, capture_head)});
-    std::vector<int64_t> kept;
-    for (int64_t a = 0; a < items; ++a) {
-      if (done[a]) {
-        results[active[a]] = {
-            at::tensor(std::vector<float>(finished.begin() + a * k, finished.begin() + a * k + k), host_floats).to(device),
-            at::tensor(std::vector<int64_t>(finished_done.begin() + a * k, finished_done.begin() + a * k + k), host_longs)
-                .to(at::kBool).to(device),
-            at::tensor(std::vector<int64_t>(finished_ref.begin() + a * k, finished_ref.begin() + a * k + k), host_longs).to(device)};
+      if (done) {
+        finished.emplace_back(request.id, hypotheses(request));
+        free_slots_.push_back(request.slot);
       } else {
-        kept.push_back(a);
+        kept.push_back(std::move(request));
       }
     }
-    if (kept.empty()) break;
-    const int64_t left = kept.size();
-    if (left < items) {  // the inputs still running, in order, their slots moved down
-      Tensor rows_left = at::empty({left * k}, host_longs), tokens_left = at::empty({left * k}, host_longs);
-      Tensor logprobs_left = at::empty({left * k}, host_floats);
-      for (int64_t i = 0; i < left; ++i) {
-        const int64_t a = kept[i];
-        for (int64_t j = 0; j < k; ++j) {
-          rows_left.data_ptr<int64_t>()[i * k + j] = new_rows[a * k + j];
-          tokens_left.data_ptr<int64_t>()[i * k + j] = new_tokens[a * k + j];
-          logprobs_left.data_ptr<float>()[i * k + j] = new_logprobs[a * k + j];
-          running[i * k + j] = running[a * k + j];
-          finished[i * k + j] = finished[a * k + j];
-          finished_done[i * k + j] = finished_done[a * k + j];
-          finished_ref[i * k + j] = finished_ref[a * k + j];
+    requests_ = std::move(kept);
+    return {tokens, finished};
+  }
+
+ private:
+  static constexpr double kNegInf = -1.0e9;
+
+  // One beam's tokens so far, their log-probabilities and the attention rows that produced them.
+  struct Path {
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<Tensor> attention;
+  };
+
+  struct Request {
+    int64_t id = 0, k = 1, budget = 1, min_new_tokens = 0, capture = kCaptureNothing, length = 1, slot = 0;
+    double length_penalty = 1.0;
+    bool stream = false, cancelled = false;
+    int64_t step = 0;       // tokens decoded so far: its rows' next position
+    int64_t first_row = 0;  // where its rows are at this step
+    // model.decoding.search.BeamState for this one request, on the host
+    std::vector<float> running, finished;
+    std::vector<char> finished_done;
+    bool improvable = true;
+    std::vector<Path> paths, finished_paths;  // the running beams', the finished slots'
+    std::vector<int64_t> next_tokens;         // each row's input at its next step
+    std::vector<int64_t> from;                // the row (at the last step) each of its rows continues
+    // this step's 2k candidates, best first: the beam each extends, its token and log-probability
+    std::vector<int64_t> candidate_beam, candidate_token;
+    std::vector<float> candidate_logprob;
+
+    int64_t rows() const { return step == 0 ? 1 : k; }
+  };
+
+  // model.decoding.search.beam_step for one request on its rows' candidates (lp, tk: `stride` per row, the first
+  // 2k read); returns whether it is done. Its first step has one row, which stands for its k beams.
+  bool advance(Request& request, const float* lp, const int64_t* tk, int64_t stride, const Tensor& attention) {
+    const int64_t k = request.k, wide = 2 * k * k;
+    const bool one_row = request.step == 0 && k > 1;
+    const int64_t row_stride = one_row ? 0 : stride;
+    const float neg = static_cast<float>(kNegInf);
+    const float divisor =
+        static_cast<float>(std::pow(static_cast<double>(request.step + 1), request.length_penalty));
+    const auto before = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
+      // at::topk's order: larger first (NaN largest), of equal values the lower index first
+      const bool x_nan = std::isnan(x.first), y_nan = std::isnan(y.first);
+      if (x_nan != y_nan) return x_nan;
+      return x.first > y.first || (x.first == y.first && x.second < y.second);
+    };
+    std::vector<std::pair<float, int64_t>> order(wide), merged(3 * k);
+    std::vector<float> top_scores(2 * k), candidate(2 * k), kept_scores(k);
+    std::vector<char> hits(2 * k), taking(2 * k), kept_done(k);
+    float* run = request.running.data();
+    for (int64_t b = 0; b < k; ++b)
+      for (int64_t j = 0; j < 2 * k; ++j) order[b * 2 * k + j] = {lp[b * row_stride + j] + run[b], b * 2 * k + j};
+    std::partial_sort(order.begin(), order.begin() + 2 * k, order.begin() + wide, before);
+    const bool ending = request.budget <= request.step + 1;
+    request.candidate_beam.resize(2 * k);
+    request.candidate_token.resize(2 * k);
+    request.candidate_logprob.resize(2 * k);
+    for (int64_t j = 0; j < 2 * k; ++j) {
+      top_scores[j] = order[j].first;
+      const int64_t beam = order[j].second / (2 * k), at = beam * row_stride + order[j].second % (2 * k);
+      request.candidate_beam[j] = beam;
+      request.candidate_token[j] = tk[at];
+      request.candidate_logprob[j] = lp[at];
+      hits[j] = tk[at] == eos_ || ending;
+    }
+    // the k best that do not end here continue: order[0 … k-1] from here on (their scores and candidates)
+    for (int64_t j = 0; j < 2 * k; ++j) order[j] = {top_scores[j] + (hits[j] ? neg : -0.0f), j};
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + 2 * k, before);
+    bool all_done = true;
+    for (int64_t j = 0; j < k; ++j) all_done = all_done && request.finished_done[j];
+    for (int64_t j = 0; j < 2 * k; ++j) {
+      taking[j] = hits[j] && j < k;
+      const bool eligible = taking[j] && request.improvable && !all_done;
+      candidate[j] = eligible ? top_scores[j] / divisor : top_scores[j] + 2.0f * neg;
+    }
+    // merge the finished slots with this step's candidates and keep the k best
+    for (int64_t j = 0; j < k; ++j) merged[j] = {request.finished[j], j};
+    for (int64_t j = 0; j < 2 * k; ++j) merged[k + j] = {candidate[j], k + j};
+    std::partial_sort(merged.begin(), merged.begin() + k, merged.end(), before);
+    std::vector<Path> finished_paths(k);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = merged[j].second;
+      kept_scores[j] = merged[j].first;
+      kept_done[j] = slot < k ? request.finished_done[slot] : taking[slot - k];
+      finished_paths[j] = slot < k ? request.finished_paths[slot] : extended(request, slot - k, one_row, attention);
+    }
+    float worst = kept_scores[0];
+    bool every_done = true, every_hit = true, can_improve = false;
+    for (int64_t j = 0; j < k; ++j) {
+      request.finished[j] = kept_scores[j];
+      request.finished_done[j] = kept_done[j];
+      worst = std::min(worst, kept_scores[j]);
+      every_done = every_done && kept_done[j];
+    }
+    request.finished_paths = std::move(finished_paths);
+    for (int64_t j = 0; j < 2 * k; ++j) every_hit = every_hit && hits[j];
+    const float best_possible = order[0].first / divisor;
+    for (int64_t j = 0; j < k; ++j) can_improve = can_improve || best_possible > (kept_done[j] ? worst : neg);
+    request.improvable = request.improvable && can_improve;
+    const bool done = !request.improvable || every_done || every_hit;
+    if (done) return true;
+    std::vector<Path> paths(k);
+    request.from.resize(k);
+    request.next_tokens.resize(k);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t c = order[j].second;
+      run[j] = order[j].first;
+      paths[j] = extended(request, c, one_row, attention);
+      request.from[j] = request.first_row + (one_row ? 0 : request.candidate_beam[c]);
+      request.next_tokens[j] = request.candidate_token[c];
+    }
+    request.paths = std::move(paths);
+    ++request.step;
+    return false;
+  }
+
+  // The path of candidate c: its beam's path and its token (with its row's attention).
+  static Path extended(const Request& request, int64_t c, bool one_row, const Tensor& attention) {
+    const int64_t beam = request.candidate_beam[c];
+    Path path = request.paths[beam];
+    path.tokens.push_back(request.candidate_token[c]);
+    path.logprobs.push_back(request.candidate_logprob[c]);
+    if (attention.defined()) path.attention.push_back(attention[one_row ? 0 : beam]);
+    return path;
+  }
+
+  std::vector<Hypothesis> hypotheses(const Request& request) const {
+    std::vector<Hypothesis> out;
+    for (int64_t j = 0; j < request.k; ++j) {
+      if (!request.finished_done[j]) continue;
+      const Path& path = request.finished_paths[j];
+      std::vector<double> logprobs(path.logprobs.begin(), path.logprobs.end());
+      c10::optional<Tensor> attention;
+      if (!path.attention.empty()) attention = at::stack(path.attention, 0);
+      out.emplace_back(path.tokens, logprobs, static_cast<double>(request.finished[j]), attention);
+    }
+    return out;
+  }
+
+  void drop_cancelled() {
+    std::vector<Request> kept;
+    for (Request& request : requests_) {
+      if (request.cancelled) {
+        free_slots_.push_back(request.slot);
+      } else {
+        kept.push_back(std::move(request));
+      }
+    }
+    requests_ = std::move(kept);
+  }
+
+  int64_t take_slot() {
+    if (!free_slots_.empty()) {
+      const int64_t slot = free_slots_.back();
+      free_slots_.pop_back();
+      return slot;
+    }
+    return slots_++;
+  }
+
+  // Lay this step's rows out: each request's rows side by side in request order, a request that ran before on the
+  // rows it continues (copied where they moved: its positions so far, through the scratch buffers, so that no row
+  // is overwritten before it is read), a new one on a fresh row.
+  void place_rows() {
+    int64_t rows = 0, positions = 0;
+    for (Request& request : requests_) {
+      request.first_row = rows;
+      rows += request.rows();
+      positions = std::max(positions, request.budget);
+    }
+    grow_rows(rows, positions);
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> moves;  // (to, from, positions)
+    for (const Request& request : requests_) {
+      if (request.step == 0) continue;
+      for (int64_t j = 0; j < request.k; ++j)
+        if (request.from[j] != request.first_row + j) moves.emplace_back(request.first_row + j, request.from[j], request.step);
+    }
+    if (!moves.empty()) {
+      const int64_t heads = self_key_[0].size(1), capacity = self_key_[0].size(2), d_k = self_key_[0].size(3);
+      const int64_t block = capacity * d_k;
+      for (size_t i = 0; i < self_key_.size(); ++i) {
+        for (auto [buffer, scratch] : {std::pair<Tensor*, Tensor*>{&self_key_[i], &scratch_key_[i]},
+                                       std::pair<Tensor*, Tensor*>{&self_value_[i], &scratch_value_[i]}}) {
+          float* main = buffer->data_ptr<float>();
+          float* spare = scratch->data_ptr<float>();
+          for (auto [to, from, length] : moves)
+            for (int64_t h = 0; h < heads; ++h)
+              std::memcpy(spare + (to * heads + h) * block, main + (from * heads + h) * block, sizeof(float) * length * d_k);
+          for (auto [to, from, length] : moves)
+            for (int64_t h = 0; h < heads; ++h)
+              std::memcpy(main + (to * heads + h) * block, spare + (to * heads + h) * block, sizeof(float) * length * d_k);
         }
-        improvable[i] = improvable[a];
-        frozen[i] = frozen[a];
       }
-      new_rows_t = rows_left;
-      new_tokens_t = tokens_left;
-      new_logprobs_t = logprobs_left;
-      active = picked(active, kept);
     }
-    run_source_row = new_rows_t.to(device);
-    last_tokens = new_tokens_t.to(device);
-    run_token = last_tokens;
-    run_logprob = new_logprobs_t.to(device);
-    // after the first step, input a's self-attention keys and values are in row a, not in rows a·k…a·k+k-1
-    cache.reorder(run_source_row, true, step == 0 && k > 1 ? at::div(run_source_row, k, "floor") : Tensor());
+    rows_now_ = rows;
   }
-  return {steps, results};
-}
 
-
-
-// A search's cache for `beams` rows per source. The sources' K/V come one row per source (`beams` > 1: read
-// through cross_rows by each of its rows on the CPU, repeated elsewhere) or already on every row (`beams` 1).
-Runtime::Cache Runtime::start_cache(const std::vector<Tensor>& cross_key, const std::vector<Tensor>& cross_value,
-                  const c10::optional<Tensor>& source_mask, int64_t capacity, int64_t beams) const {
-  Cache cache;
-  const int64_t sources = cross_key[0].size(0), rows = sources * beams, d_k = cross_key[0].size(3);
-  const int64_t each = rows * heads_ * capacity * d_k;
-  const bool cpu = plain_cpu(cross_key[0]);
-  if (cpu) cache.workspace = workspace_->take(4 * static_cast<int64_t>(layers_.size()) * each, cross_key[0].options());
-  int64_t offset = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    for (auto* list : {&cache.self_key, &cache.self_value, &cache.spare_key, &cache.spare_value}) {
-      list->push_back(cpu ? cache.workspace->narrow(0, offset, each).view({rows, heads_, capacity, d_k})
-                          : at::empty({rows, heads_, capacity, d_k}, cross_key[0].options()));
-      offset += each;
+  // Self-attention buffers for `rows` rows of `positions` positions (each dimension at least doubling when it
+  // grows), the rows held so far copied over.
+  void grow_rows(int64_t rows, int64_t positions) {
+    const int64_t have_rows = self_key_.empty() ? 0 : self_key_[0].size(0);
+    const int64_t have_positions = self_key_.empty() ? 0 : self_key_[0].size(2);
+    if (rows <= have_rows && positions <= have_positions) return;
+    const int64_t new_rows = grown(rows, have_rows, 4), new_positions = grown(positions, have_positions, 16);
+    const int64_t layers = runtime_.layers_.size(), heads = runtime_.heads_;
+    const int64_t d_k = runtime_.embed_.size(1) / heads, each = new_rows * heads * new_positions * d_k;
+    std::shared_ptr<Tensor> block = runtime_.workspace_->take(4 * layers * each, runtime_.embed_.options());
+    std::vector<Tensor> key, value, spare_key, spare_value;
+    int64_t offset = 0;
+    for (int64_t i = 0; i < layers; ++i) {
+      for (auto* list : {&key, &value, &spare_key, &spare_value}) {
+        list->push_back(block->narrow(0, offset, each).view({new_rows, heads, new_positions, d_k}));
+        offset += each;
+      }
+      if (have_rows > 0) {
+        const int64_t held = std::min(rows_now_, have_rows);
+        key[i].narrow(0, 0, held).narrow(2, 0, have_positions).copy_(self_key_[i].narrow(0, 0, held));
+        value[i].narrow(0, 0, held).narrow(2, 0, have_positions).copy_(self_value_[i].narrow(0, 0, held));
+      }
     }
+    self_key_ = std::move(key);
+    self_value_ = std::move(value);
+    scratch_key_ = std::move(spare_key);
+    scratch_value_ = std::move(spare_value);
+    block_ = std::move(block);
   }
-  cache.cross_key = cross_key;
-  cache.cross_value = cross_value;
-  if (source_mask.has_value()) cache.source_mask = *source_mask;
-  const auto longs = cross_key[0].options().dtype(at::kLong);
-  if (cpu) {
-    cache.cross_rows = beams > 1 ? at::arange(sources, longs).repeat_interleave(beams) : at::arange(rows, longs);
-  } else if (beams > 1) {
-    for (auto& t : cache.cross_key) t = t.repeat_interleave(beams, 0);
-    for (auto& t : cache.cross_value) t = t.repeat_interleave(beams, 0);
-    if (cache.source_mask.defined()) cache.source_mask = cache.source_mask.repeat_interleave(beams, 0);
-  }
-  return cache;
-}
 
-// One step over the cache: the logits, or with `hidden` the last layer's states; and the cross-attention.
-std::pair<Tensor, std::vector<Tensor>> Runtime::run_step(const Tensor& ids, int64_t position, Cache& cache,
-                                                bool need_weights, bool hidden) {
-  const auto source_mask = cache.source_mask.defined() ? c10::optional<Tensor>(cache.source_mask) : c10::nullopt;
-  auto [x, cross] = layers(ids, position, ids, cache.self_key, cache.self_value, position + 1, c10::nullopt,
-                           cache.cross_key, cache.cross_value, source_mask, need_weights, cache.cross_rows);
-  cache.length = position + 1;
-  return {hidden ? x : logits(x), cross};
-}
-
-// The beam's first step on row 0 of each input's k rows (its self-attention keys and values written to row a of
-// the caches for input a), its logits and cross-attention weights then repeated to all k rows (with `hidden`,
-// the last layer's states of the one row per input, not repeated).
-std::pair<Tensor, std::vector<Tensor>> Runtime::first_step(const Tensor& ids, int64_t k, Cache& cache, bool need_weights,
-                                                  bool hidden) {
-  const int64_t inputs = ids.size(0) / k;
-  Tensor first = at::arange(inputs, ids.options()).mul_(k);
-  Cache single = cache;  // the same self-attention buffers; the cross-attention inputs' first rows
-  if (single.cross_rows.defined()) {
-    single.cross_rows = single.cross_rows.index_select(0, first);
-  } else {
-    for (auto& t : single.cross_key) t = t.index_select(0, first);
-    for (auto& t : single.cross_value) t = t.index_select(0, first);
-    if (single.source_mask.defined()) single.source_mask = single.source_mask.index_select(0, first);
-  }
-  auto [out, cross] = run_step(ids.index_select(0, first), 0, single, need_weights, hidden);
-  cache.length = single.length;
-  Tensor every = at::arange(inputs, ids.options()).repeat_interleave(k);
-  for (auto& weights : cross) weights = weights.index_select(0, every);
-  return {hidden ? out : out.index_select(0, every), cross};
-}
-
-// Rows `index` of each tensor, in that order (inputs or rows leaving the search).
-void Runtime::keep_rows(std::initializer_list<Tensor*> tensors, const Tensor& index) {
-  for (Tensor* tensor : tensors) *tensor = tensor->index_select(0, index);
-}
-
-std::vector<int64_t> Runtime::picked(const std::vector<int64_t>& values, const std::vector<int64_t>& index) {
-  std::vector<int64_t> out;
-  for (int64_t i : index) out.push_back(values[i]);
-  return out;
-}
-
-// model.search.next_logprobs: log-softmax, pad banned, eos banned before min_new_tokens, rows at their
-// budget forced to eos.
-Tensor Runtime::next_logprobs(const Tensor& logits, bool banned, const std::vector<int64_t>& ending, int64_t eos,
-                            int64_t pad) {
-  Tensor logprobs = at::log_softmax(logits.to(at::kFloat), -1);
-  const double inf = std::numeric_limits<double>::infinity();
-  logprobs.select(1, pad).fill_(-inf);
-  if (banned) logprobs.select(1, eos).fill_(-inf);
-  if (!ending.empty()) {
-    if (static_cast<int64_t>(ending.size()) == logprobs.size(0)) {
-      logprobs.fill_(-inf);
-      logprobs.select(1, eos).fill_(0.0);
-    } else {
-      Tensor rows = at::tensor(ending, logits.options().dtype(at::kLong));
-      logprobs.index_fill_(0, rows, -inf);
-      logprobs.index_put_({rows, eos}, at::scalar_tensor(0.0, logprobs.options()));
+  // Source slots' cross-attention K/V for `slots` slots of `length` positions, those held so far copied over.
+  void grow_sources(int64_t slots, int64_t length) {
+    const int64_t have_slots = cross_key_.empty() ? 0 : cross_key_[0].size(0);
+    const int64_t have_length = cross_key_.empty() ? 0 : cross_key_[0].size(2);
+    if (slots <= have_slots && length <= have_length) return;
+    const int64_t new_slots = grown(slots, have_slots, 4), new_length = grown(length, have_length, 16);
+    const int64_t heads = runtime_.heads_, d_k = runtime_.embed_.size(1) / heads;
+    for (size_t i = 0; i < runtime_.layers_.size(); ++i) {
+      for (auto* list : {&cross_key_, &cross_value_}) {
+        Tensor fresh = at::empty({new_slots, heads, new_length, d_k}, runtime_.embed_.options());
+        if (have_slots > 0) fresh.narrow(0, 0, have_slots).narrow(2, 0, have_length).copy_((*list)[i]);
+        if (static_cast<size_t>(list->size()) > i) {
+          (*list)[i] = fresh;
+        } else {
+          list->push_back(fresh);
+        }
+      }
     }
   }
-  return logprobs;
-}
+
+  static int64_t grown(int64_t needed, int64_t have, int64_t least) {
+    return needed <= have ? have : std::max({needed, 2 * have, least});
+  }
+
+  Runtime& runtime_;
+  int64_t eos_, pad_, start_, capture_layer_, capture_head_;
+  std::vector<Request> requests_;  // in row order
+  int64_t next_id_ = 0, rows_now_ = 0, slots_ = 0;
+  std::vector<int64_t> free_slots_;
+  std::vector<Tensor> self_key_, self_value_, scratch_key_, scratch_value_;  // (rows, h, positions, d_k) per layer
+  std::shared_ptr<Tensor> block_;                                            // the workspace block they lie in
+  std::vector<Tensor> cross_key_, cross_value_;                              // (slots, h, S, d_k) per layer
+};
 
 // The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
 // column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's
@@ -434,6 +464,5 @@ std::tuple<Tensor, Tensor> Runtime::row_topk(const Tensor& scores, int64_t m) {
   Tensor column = at::where(index.lt(picked_width), in_chunks, index - picked_width + tail_start);
   return {values, column};
 }
-
 
 }  // namespace

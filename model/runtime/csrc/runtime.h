@@ -8,6 +8,8 @@
 
 namespace {
 
+class Loop;
+
 class Runtime {
  public:
   Runtime(Tensor embed, Tensor positions, double embed_scale, int64_t heads, int64_t activation, double eps)
@@ -286,21 +288,7 @@ class Runtime {
                 source_mask, need_weights);
   }
 
-  // One step of the continuous scheduler's ragged rows: row r's K/V written at positions[r], attending to the
-  // first `width` positions through `self_mask` (rows, 1, 1, width), or, without one, every row at width - 1.
-  std::pair<Tensor, std::vector<Tensor>> step_rows(const Tensor& ids, const Tensor& positions,
-                                                   const std::vector<Tensor>& self_key,
-                                                   const std::vector<Tensor>& self_value, int64_t width,
-                                                   const c10::optional<Tensor>& self_mask,
-                                                   const std::vector<Tensor>& cross_key,
-                                                   const std::vector<Tensor>& cross_value,
-                                                   const c10::optional<Tensor>& source_mask, bool need_weights) {
-    const int64_t level = self_mask.has_value() ? -1 : width - 1;
-    return step(ids, level, positions, self_key, self_value, width, self_mask, cross_key, cross_value, source_mask,
-                need_weights);
-  }
-
-  // `level` >= 0: every row at that position; -1: row r at positions[r] (step_at and step_rows say which).
+  // `level` >= 0: every row at that position; -1: row r at positions[r] (the decode loop's rows).
   std::pair<Tensor, std::vector<Tensor>> step(const Tensor& ids, int64_t level, const Tensor& positions,
                                               const std::vector<Tensor>& self_key,
                                               const std::vector<Tensor>& self_value, int64_t width,
@@ -322,7 +310,9 @@ class Runtime {
                                                 const std::vector<Tensor>& cross_key,
                                                 const std::vector<Tensor>& cross_value,
                                                 const c10::optional<Tensor>& source_mask, bool need_weights,
-                                                const Tensor& cross_rows = Tensor()) const {
+                                                const Tensor& cross_rows = Tensor(),
+                                                const Tensor& self_lengths = Tensor(),
+                                                const Tensor& cross_lengths = Tensor()) const {
     const int64_t rows = ids.size(0), d_model = embed_.size(1), d_k = d_model / heads_;
     Tensor x = embed(ids, level, positions);  // (N, d)
     Tensor own_mask = self_mask.has_value() ? *self_mask : Tensor();
@@ -347,10 +337,10 @@ class Runtime {
       }
       Tensor keys = self_key[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor values = self_value[i].narrow(0, 0, rows).narrow(2, 0, width);
-      Tensor context = attend(query, keys, values, own_mask, heads_, Tensor(), lanes_).first;
+      Tensor context = attend(query, keys, values, own_mask, heads_, Tensor(), lanes_, self_lengths).first;
       x = add_norm(x, layer.self_out(context), layer.norm1_w, layer.norm1_b, eps_);
       auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_,
-                                             cross_rows, lanes_);
+                                             cross_rows, lanes_, cross_lengths);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
       x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
       Tensor hidden = layer.fc1(x, activation_);
@@ -437,9 +427,10 @@ class Runtime {
   // best recomputed from the fp32 weight, as `logits` does), one more sums e^(logit - max), and only the picked
   // ones get their log-probability (logit - max) - log Σ, then ordered as at::topk orders log-probabilities (of
   // equal values the lower column first). Banned tokens (pad; eos before min_new_tokens) are left out; a row at
-  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces.
-  std::tuple<Tensor, Tensor> candidates(const Tensor& x, int64_t m, bool banned, const std::vector<char>& ending,
-                                        int64_t eos, int64_t pad) const {
+  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces; `banned[r]`: row r may not end
+// yet.
+  std::tuple<Tensor, Tensor> candidates(const Tensor& x, int64_t m, const std::vector<char>& banned,
+                                        const std::vector<char>& ending, int64_t eos, int64_t pad) const {
     const int64_t rows = x.size(0), d = x.size(1);
     const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
     // (N, V) logits, int8 ones not yet rescored; from the VNNI tiles with each row's 64-column maxima beside
@@ -489,7 +480,7 @@ class Runtime {
       picked.clear();
       left_out.clear();
       for (int64_t j = 0; j < pool; ++j) {
-        if (column[j] == pad || (banned && column[j] == eos)) {
+        if (column[j] == pad || (banned[r] && column[j] == eos)) {
           left_out.push_back(column[j]);
         } else {
           picked.emplace_back((v[j] - top) - log_sum, column[j]);
@@ -512,59 +503,8 @@ class Runtime {
     return {values, tokens};
   }
 
-  // ---- the search loops (model/search.py's _greedy and _beam on the CPU, line for line) ----------------------
-  // capture: a Capture (every layer's and head's cross-attention per step (N, L, h, S), or one head's rows (N, S),
-  // capture_head < 0: the layer's head average).
-  Tensor keep(const std::vector<Tensor>& cross, int64_t capture, int64_t layer, int64_t head) const;
-
-  // Greedy search over cross K/V (per layer (B, h, S, d_k)) and `source_mask` ((B, 1, 1, S) additive or None):
-  // returns tokens (B, W), their log-probabilities (B, W), lengths (B,), and per step the captured attention and
-  // the inputs its rows belong to.
-  std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>, std::vector<std::vector<int64_t>>> greedy(
-      std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
-      std::vector<int64_t> budgets, int64_t min_new_tokens, int64_t eos, int64_t pad, int64_t start,
-      int64_t capture, int64_t capture_layer, int64_t capture_head);
-
-  // Beam search of beam size k over cross K/V (and source mask) with one row per source, which its k rows share.
-  // Returns, per step, the records
-  // model.search.StepRecord holds (run_source_row, run_token, run_logprob, candidate_row, candidate_token,
-  // candidate_logprob, attention), and per input its final (finished, finished_done, finished_ref).
-  std::pair<std::vector<std::vector<Tensor>>, std::vector<std::vector<Tensor>>> beam(
-      std::vector<Tensor> cross_key, std::vector<Tensor> cross_value, c10::optional<Tensor> source_mask,
-      std::vector<int64_t> budgets, int64_t k, double length_penalty, int64_t min_new_tokens, int64_t eos,
-      int64_t pad, int64_t start, int64_t capture, int64_t capture_layer, int64_t capture_head);
-
  private:
-  static constexpr double kNegInf = -1.0e9;
-
-  // The static search's cache (model.runtime.eager.DecoderCache): self-attention K/V preallocated per layer
-  // (rows, h, capacity, d_k) with spares that a reorder copies into, cross K/V computed once per source.
-  struct Cache;
-
-  // A search's cache for `beams` rows per source. The sources' K/V come one row per source (`beams` > 1: read
-  // through cross_rows by each of its rows on the CPU, repeated elsewhere) or already on every row (`beams` 1).
-  Cache start_cache(const std::vector<Tensor>& cross_key, const std::vector<Tensor>& cross_value,
-                    const c10::optional<Tensor>& source_mask, int64_t capacity, int64_t beams = 1) const;
-
-  // One step over the cache: the logits, or with `hidden` the last layer's states; and the cross-attention.
-  std::pair<Tensor, std::vector<Tensor>> run_step(const Tensor& ids, int64_t position, Cache& cache,
-                                                  bool need_weights, bool hidden = false);
-
-  // The beam's first step on row 0 of each input's k rows (its self-attention keys and values written to row a of
-  // the caches for input a), its logits and cross-attention weights then repeated to all k rows (with `hidden`,
-  // the last layer's states of the one row per input, not repeated).
-  std::pair<Tensor, std::vector<Tensor>> first_step(const Tensor& ids, int64_t k, Cache& cache, bool need_weights,
-                                                    bool hidden = false);
-
-  // Rows `index` of each tensor, in that order (inputs or rows leaving the search).
-  static void keep_rows(std::initializer_list<Tensor*> tensors, const Tensor& index);
-
-  static std::vector<int64_t> picked(const std::vector<int64_t>& values, const std::vector<int64_t>& index);
-
-  // model.search.next_logprobs: log-softmax, pad banned, eos banned before min_new_tokens, rows at their
-  // budget forced to eos.
-  static Tensor next_logprobs(const Tensor& logits, bool banned, const std::vector<int64_t>& ending, int64_t eos,
-                              int64_t pad);
+  friend class Loop;  // decoding.h's decode loop: the layers, the candidates and the workspace
 
   // The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
   // column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's
