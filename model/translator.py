@@ -34,12 +34,13 @@ from model.explanations.attribution import Attributions, attribute
 from model.explanations.explain import (
     AttentionSteps,
     attention_steps,
+    check_ids,
     forced_alignment_rows,
     forced_decode,
     forced_logprobs,
 )
 from model.options import DecodingOptions
-from model.runtime import load_step
+from model.runtime import forced_pass, load_step
 from model.runtime.step import weights_precision
 from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
@@ -318,7 +319,13 @@ class Translator:
 
     @property
     def explanation_precision(self) -> str:
-        """The same for explanations: "float32" under int8 decoding (the model's own weights), else `precision`."""
+        """How explanations' maps and scores are computed: through the decoding step, so `precision`."""
+        return self.precision
+
+    @property
+    def steps_precision(self) -> str:
+        """How the step-by-step arithmetic of one head (`attention_steps`), attributions and encoder maps are
+        computed: the exact model's weights, "float32" under int8 decoding."""
         return weights_precision(self.exact_model)
 
     @property
@@ -785,10 +792,15 @@ class Translator:
         encoder_attention: bool = False,
         reverse: Translator | None = None,
     ) -> Explanation:
-        """Teacher-force `target_ids` (eos included) after `source_ids`: the same maps and alignments
-        `translate` gave for that output (with the same `reverse`: agreed with it, as `translate`), plus
-        (encoder_attention) the encoder's self-attention."""
-        decoded = forced_decode(self.exact_model, list(source_ids), list(target_ids), encoder_attention)
+        """Teacher-force `target_ids` (eos included) after `source_ids` through the step that decodes (its kernels
+        and precision: model.runtime.forced_pass): the maps, token scores and alignments `translate` gave for that
+        output (with the same `reverse`: agreed with it, as `translate`), plus (encoder_attention) the encoder's
+        self-attention, which the exact model computes (the step keeps no encoder maps)."""
+        check_ids(self.model, list(source_ids), list(target_ids))
+        decoded = forced_pass(self.step, list(source_ids), list(target_ids))
+        encoder_maps = None
+        if encoder_attention:
+            encoder_maps = forced_decode(self.exact_model, list(source_ids), list(target_ids)).encoder_self_attention
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
@@ -811,7 +823,7 @@ class Translator:
             alignment_head=self.alignment_head,
             alignment_shift=self.alignment_shift,
             cross_attention=decoded.cross_attention,
-            encoder_self_attention=decoded.encoder_self_attention,
+            encoder_self_attention=encoder_maps,
             alignment_method=agreed.method,
             alignment_note=agreed.note,
         )

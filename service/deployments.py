@@ -118,6 +118,7 @@ class TranslatorDeployment:
             "device": str(self.translator.device),
             "precision": self.translator.precision,
             "explanation_precision": self.translator.explanation_precision,
+            "steps_precision": self.translator.steps_precision,
             "runtime": runtime,
             "encoder_layers": config.encoder_layers,
             "decoder_layers": config.decoder_layers,

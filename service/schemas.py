@@ -422,9 +422,14 @@ class ModelInfo(BaseModel):
     )
     explanation_precision: str = Field(
         "float32",
-        description="How explanations (/v1/explain, /v1/explanations) are computed. Under int8 decoding: float32, "
-        "by forced decoding of the tokens the int8 search chose; their maps may differ from the alignments and "
-        "attention /v1/translate returned (those are the int8 search's) by quantization error.",
+        description="How explanations' maps and token scores (/v1/explain, /v1/explanations) are computed: a forced "
+        "pass through the same decoding step and precision as /v1/translate, so they equal the answer's.",
+    )
+    steps_precision: str = Field(
+        "float32",
+        description="How /v1/explain's step-by-step arithmetic of one head, its attributions and the encoder's "
+        "maps are computed: the model's own weights, float32 under int8 decoding (their maps differ from an int8 "
+        "answer's by quantization error, within the bounds docs/explanations.md states).",
     )
     runtime: RuntimeInfo | None = Field(
         None,

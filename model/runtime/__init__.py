@@ -12,12 +12,15 @@ from model.runtime.step import (
     RUNTIME_ENV,
     CompiledStep,
     EagerStep,
+    ForcedPass,
     RuntimeInfo,
     build,
     compiled_extension,
+    forced_pass,
     load_step,
 )
 
 __all__ = [
-    "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "RuntimeInfo", "build", "compiled_extension", "load_step",
+    "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "ForcedPass", "RuntimeInfo", "build", "compiled_extension",
+    "forced_pass", "load_step",
 ]

@@ -133,10 +133,14 @@ def cross_key_values(model: Transformer, hidden: Tensor, beams: int | Tensor = 1
     return keys, values
 
 
-def start_cache(model: Transformer, encoder: EncoderOutput, capacity: int, beams: int = 1) -> DecoderCache:
+def start_cache(
+    model: Transformer, encoder: EncoderOutput, capacity: int, beams: int = 1,
+    cross: tuple[list[Tensor], list[Tensor]] | None = None,
+) -> DecoderCache:
     """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
 
-    beams: rows per source (beam search's k): see `cross_key_values`.
+    beams: rows per source (beam search's k): see `cross_key_values`. cross: the K/V already projected (by the
+    compiled step's kernels), each source's on its `beams` rows.
     """
     batch = encoder.hidden.size(0) * beams
     self_key, self_value = [], []
@@ -145,7 +149,7 @@ def start_cache(model: Transformer, encoder: EncoderOutput, capacity: int, beams
         shape = (batch, attn.heads, capacity, attn.d_k)
         self_key.append(encoder.hidden.new_empty(shape))
         self_value.append(encoder.hidden.new_empty(shape))
-    cross_key, cross_value = cross_key_values(model, encoder.hidden, beams)
+    cross_key, cross_value = cross if cross is not None else cross_key_values(model, encoder.hidden, beams)
     source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
     mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
     return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)

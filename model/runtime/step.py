@@ -25,6 +25,7 @@ from model.runtime import eager, graphs
 from model.runtime import spec as weight_spec
 from model.runtime.quantize import quantize_per_channel
 from model.topk import RESCORED_CANDIDATES
+from model.transformer import EncoderOutput
 
 logger = logging.getLogger("model.runtime")
 
@@ -248,6 +249,38 @@ class GraphStep(EagerStep):
         return static.logits[:count], cross
 
 
+@dataclass
+class ForcedPass:
+    """A target teacher-forced through a decoding step: what that step computed for each of its tokens."""
+
+    cross_attention: Tensor  # (layers, heads, T, S) float32 on the host
+    token_logprobs: list[float]  # each target token's log-probability (log-softmax over the whole vocabulary)
+
+
+@torch.inference_mode()
+def forced_pass(step, source_ids: list[int], target_ids: list[int]) -> ForcedPass:
+    """`target_ids` (eos included) teacher-forced after `source_ids` through `step` itself: its encoder, its cache
+    and its decoder step, one position at a time, with its kernels and its precision. So the maps are the numbers
+    a search on `step` computed for those tokens (every kernel is row-invariant: a text's numbers do not depend on
+    the batch it decoded in). One exception: a token the search forced because the length budget ran out has
+    log-probability 0 there, its model log-probability here."""
+    model = step.model
+    device = model.final_logits_bias.device
+    source = torch.tensor([list(source_ids)], device=device)
+    mask = torch.ones_like(source, dtype=torch.bool)
+    encoder = EncoderOutput(step.encode(source, mask), mask)
+    cache = step.start_cache(encoder, capacity=len(target_ids))
+    inputs = torch.tensor([model.config.decoder_start_token_id, *target_ids[:-1]], device=device)
+    targets = torch.tensor(list(target_ids), device=device)
+    rows, logprobs = [], []
+    for position in range(len(target_ids)):
+        logits, cross = step.decode_step(inputs[position : position + 1], cache, need_weights=True)
+        logprobs.append(torch.log_softmax(logits.float(), dim=-1)[0, targets[position]])
+        rows.append(torch.stack(cross, dim=1)[0])  # (L, h, S)
+    cross_attention = torch.stack(rows, dim=2).float().cpu()  # (L, h, T, S)
+    return ForcedPass(cross_attention, torch.stack(logprobs).cpu().tolist())
+
+
 def weights_precision(model) -> str:
     """The dtype the model's matrices are stored in, by name ("float32", "bfloat16", "float16")."""
     return str(model.output_weight.dtype).removeprefix("torch.")
@@ -354,8 +387,9 @@ class CompiledStep:
         return self._runtime.logits(hidden.detach().float().contiguous())
 
     def start_cache(self, encoder, capacity: int, beams: int = 1):
-        """The cache `decode_step` runs on (eager.start_cache's, its cross-attention K/V from the lecture model)."""
-        return eager.start_cache(self.model, encoder, capacity, beams)
+        """The cache `decode_step` runs on (eager.start_cache's), its cross-attention K/V projected by this step's
+        kernels, as the decode loop's are."""
+        return eager.start_cache(self.model, encoder, capacity, beams, self.cross_key_values(encoder.hidden, beams))
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""

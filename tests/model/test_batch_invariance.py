@@ -5,8 +5,9 @@ one kernel for every row count, and only kernels whose rows come out bit for bit
 are candidates (Runtime::choose; fbgemm's dynamic int8 gets a fixed quantization range). Checked by decoding the
 dev sources one at a time and in batches of 16 and 40.
 
-Under int8 the answer's maps are the int8 search's and an explanation's (fetched by id, or /v1/explain) the fp32
-model's over the same tokens: they agree to the bounds docs/explanations.md states, measured here.
+An explanation (fetched by id, or /v1/explain) is a forced pass through the same step and precision as the answer,
+so its maps equal the answer's in int8 as in float32; the step-by-step arithmetic of one head is the fp32 model's,
+which agrees with int8 maps to the bounds docs/explanations.md states, measured here.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import pytest
 import torch
 
 from model import Translator
+from model.explanations.alignment import alignment_matrix
+from model.explanations.explain import forced_decode
 from model.runtime import compiled_extension
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}
 SENTENCES = 400  # of the dev set's 1,000: the first 400, every batch size over all of them
-# the int8 explanation contract (docs/explanations.md): an int8 answer's map against the fp32 explanation's
+# the int8 step-by-step contract (docs/explanations.md): an int8 answer's map against the fp32 model's over its tokens
 WEIGHT_BOUND = 0.06  # per attention weight (measured at most 0.038 over 160 dev texts per direction)
 MEAN_BOUND = 0.003  # mean over every weight (measured 0.0010-0.0011)
 SAME_LINKS = 0.85  # share of texts whose word alignment is identical (measured 0.96-0.975)
@@ -72,22 +75,44 @@ def test_a_text_decodes_the_same_alone_and_in_batches_of_16_and_40(name, mode):
         assert differing == [], f"{len(differing)} of {len(alone)} texts decode differently in batches of {batch}"
 
 
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
 @torch.inference_mode()
-def test_int8_answers_maps_agree_with_their_explanations_to_the_stated_bounds(name):
+def test_explanations_equal_the_answers_maps_scores_and_alignments(name, dtype):
+    """What GET /v1/explanations/{id} and POST /v1/explain recompute (Translator.explain over the ids) is what the
+    answer showed: the same step, precision and kernels, forced over the answer's tokens."""
+    translator = Translator.from_pretrained(name, device="cpu", dtype=dtype)
+    assert translator.explanation_precision == translator.precision == dtype
+    rows = [line.split("\t") for line in DEV.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [row[COLUMN[name]] for row in rows[:64]]
+    for first in range(0, len(texts), 16):
+        for answer in translator.translate(texts[first : first + 16], beam_size=4, return_attention=True):
+            explanation = translator.explain(answer.source_ids, answer.target_ids)
+            torch.testing.assert_close(explanation.cross_attention, answer.cross_attention, rtol=0, atol=1e-6)
+            assert explanation.token_logprobs == pytest.approx(answer.token_logprobs, abs=1e-5)
+            assert (explanation.alignment, explanation.word_alignment) == (answer.alignment, answer.word_alignment)
+
+
+@torch.inference_mode()
+def test_int8_answers_maps_agree_with_the_fp32_step_by_step_arithmetic_to_the_stated_bounds(name):
     translator = Translator.from_pretrained(name, device="cpu", dtype="int8")
-    assert (translator.precision, translator.explanation_precision) == ("int8", "float32")
+    assert (translator.precision, translator.steps_precision) == ("int8", "float32")
     rows = [line.split("\t") for line in DEV.read_text(encoding="utf-8").splitlines() if line.strip()]
     texts = [row[COLUMN[name]] for row in rows[:160]]
     largest, total, cells, same = 0.0, 0.0, 0, 0
     for first in range(0, len(texts), 16):
         for answer in translator.translate(texts[first : first + 16], beam_size=4, return_attention=True):
-            # what GET /v1/explanations/{id} and POST /v1/explain recompute: Translator.explain over the ids
-            explanation = translator.explain(answer.source_ids, answer.target_ids)
-            difference = (answer.cross_attention - explanation.cross_attention).abs()
+            # the maps POST /v1/explain's step-by-step arithmetic (attention_steps) runs on: the fp32 model's
+            exact = forced_decode(translator.exact_model, answer.source_ids, answer.target_ids, False)
+            exact_words = translator._alignments(
+                alignment_matrix(exact.cross_attention, *translator.alignment_head),
+                translator.tokenizer.source_tokens(answer.source_ids),
+                translator.tokenizer.target_tokens(answer.target_ids),
+            )[1][0]
+            difference = (answer.cross_attention - exact.cross_attention).abs()
             largest = max(largest, difference.max().item())
             total += difference.sum().item()
             cells += difference.numel()
-            same += answer.word_alignment == explanation.word_alignment
+            same += answer.word_alignment == exact_words
     assert largest <= WEIGHT_BOUND
     assert total / cells <= MEAN_BOUND
     assert same / len(texts) >= SAME_LINKS
