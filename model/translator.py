@@ -323,6 +323,12 @@ class Translator:
         return self.precision
 
     @property
+    def streams_beams(self) -> bool:
+        """Whether `submit` streams beam search's settled tokens (the compiled decode loop does; the eager step's
+        scheduler streams greedy decoding only)."""
+        return self.step.new_loop is not None
+
+    @property
     def steps_precision(self) -> str:
         """How the step-by-step arithmetic of one head (`attention_steps`), attributions and encoder maps are
         computed: the exact model's weights, "float32" under int8 decoding."""
@@ -471,8 +477,10 @@ class Translator:
         **settings,
     ) -> Future:
         """Translate one text through the continuous loop (`start_continuous` first): a Future of its
-        Translation, equal to `translate([text], options)[0]`. With greedy decoding `on_token(StreamedToken)` is
-        called from the loop's thread as each token is decoded (beams are only known at the end).
+        Translation, equal to `translate([text], options)[0]`. `on_token(StreamedToken)` is called from the loop's
+        thread as tokens are settled: under greedy decoding each as it is decoded; under beam search on the
+        compiled loop (`streams_beams`) those every beam still in the running shares, so the tokens streamed are
+        always a prefix of the answer (on the eager step beams stream nothing until the end).
         Raises InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
         if self._loop is None:
             raise RuntimeError("call start_continuous() before submit()")

@@ -275,13 +275,14 @@ class Ingress:
     )
     async def translate_stream(self, body: TranslateRequest) -> Response:
         """One text, split into sentences as /v1/translate splits it and decoded one sentence after another.
-        Events: `start` ({model, streams_tokens, sentences}); with `args.scheduler: continuous` and beam_size 1,
-        one `token` per decoded token ({sentence, index, piece, token_id, logprob, attention: the alignment head's
-        weights over the source tokens at the step that predicted it}); after each sentence of a text of several,
-        `sentence` ({sentence, translation}); then `result` ({translation}: the object /v1/translate returns for
-        the text), or `error` ({error: {code, message}}) if a model call failed after the first event (before it,
-        the answer is the usual JSON error). Beam search streams no tokens: until it ends, any beam may win. A
-        client that disconnects stops the decode."""
+        Events: `start` ({model, streams_tokens, sentences}); with `args.scheduler: continuous`, one `token` per
+        settled token ({sentence, index, piece, token_id, logprob, attention: the alignment head's weights over the
+        source tokens at the step that predicted it}): under greedy decoding as each is decoded, under beam search
+        (on the compiled runtime) once every beam still running shares it, so no token is ever taken back; after
+        each sentence of a text of several, `sentence` ({sentence, translation}); then `result` ({translation}:
+        the object /v1/translate returns for the text), or `error` ({error: {code, message}}) if a model call
+        failed after the first event (before it, the answer is the usual JSON error). A client that disconnects
+        stops the decode."""
         if len(body.texts) != 1:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)

@@ -210,12 +210,13 @@ class TranslatorDeployment:
 
     async def translate_stream(self, call: TranslateCall) -> AsyncIterator[dict | Rejected]:
         """POST /v1/translate/stream of one text: {"type": "start"} once the text is accepted (or a Rejected
-        instead), with the continuous scheduler and greedy decoding one {"type": "token"} per token as it is
-        decoded, then {"type": "result", "translation": ...} as /v1/translate would give it. A consumer that
+        instead), with the continuous scheduler one {"type": "token"} per token as it is settled (greedy: as it is
+        decoded; beam search on the compiled loop: once every beam shares it), then {"type": "result",
+        "translation": ...} as /v1/translate would give it. A consumer that
         goes away (the client disconnected) cancels the decode and frees its rows."""
         (text,) = call.texts
         options, attention = call.options, call.attention
-        if not (self.continuous and options.beam_size == 1):
+        if not (self.continuous and (options.beam_size == 1 or self.translator.streams_beams)):
             try:
                 (translation,) = await self._translate(call)
             except REFUSALS as error:

@@ -421,9 +421,9 @@ class Scheduler:
         if not self.running:
             return []
         tokens, done = self.loop.step()
-        for loop_id, token, logprob, attention in tokens:
+        for loop_id, position, token, logprob, attention in tokens:  # under beam search, the settled prefix
             request = self._by_loop_id[loop_id]
-            request.step += 1
+            request.step = position + 1
             request.on_token(request, token, logprob, attention)
         finished = []
         for loop_id, found in done:

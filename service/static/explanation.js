@@ -80,7 +80,8 @@ export async function onTranslate(event) {
 
 /**
  * The translation of `request`. Greedy decoding (beam size 1) is streamed, so the text grows on screen token
- * by token; a beam may still be overtaken until the search ends, so beam search asks /v1/translate once.
+ * by token; beam search asks /v1/translate once (the API streams its settled tokens too, but the page shows
+ * a beam's n-best list, which only the end of the search gives).
  * Events of a request that is no longer the newest are dropped, like its answer.
  */
 async function translateText(request, pending) {

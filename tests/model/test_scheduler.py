@@ -9,11 +9,13 @@ import random
 import pytest
 import torch
 
+from model import Translator
 from model.config import ModelConfig
 from model.decoding.scheduler import Scheduler
 from model.decoding.search import beam_search
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
+from model.runtime import compiled_extension
 from model.transformer import Transformer
 
 EOS, PAD = 0, 49
@@ -177,6 +179,34 @@ def test_streamed_tokens_are_the_greedy_result_token_by_token():
     assert [lp for _, lp, _ in seen] == pytest.approx(hypothesis.token_logprobs, abs=1e-4)
     streamed = torch.stack([attention for _, _, attention in seen], dim=2)  # (L, h, T, S)
     torch.testing.assert_close(streamed, hypothesis.cross_attention, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(compiled_extension() is None, reason="the compiled runtime is not built here")
+def test_a_beam_streams_its_settled_tokens_as_they_settle_and_takes_none_back():
+    translator = Translator.from_pretrained("en-zh", device="cpu")
+    model = translator.model
+    (source,) = translator.encode_source(["Tom reads a very long book about the history of the railway."])
+    options = DecodingOptions(beam_size=4, max_new_tokens=40)
+    scheduler = Scheduler(model, step=translator.step, alignment_head=translator.alignment_head)
+    assert scheduler.loop is not None  # the compiled decode loop
+    seen = []
+
+    def on_token(request, token, logprob, attention):
+        seen.append((request.step - 1, token, logprob, attention, steps))
+
+    request = scheduler.submit(source, options, on_token=on_token)
+    steps = 0
+    while not request.done:
+        scheduler.step()
+        steps += 1
+    best = beam_search(model, [source], options, alignment_head=translator.alignment_head, step=translator.step)[0][0]
+    assert request.hypotheses[0].token_ids == best.token_ids
+    assert [index for index, *_ in seen] == list(range(len(best.token_ids)))  # in order, each once
+    assert [token for _, token, *_ in seen] == best.token_ids
+    assert [lp for _, _, lp, *_ in seen] == pytest.approx(best.token_logprobs, abs=1e-6)
+    streamed = torch.stack([attention for *_, attention, _ in seen])  # (T, S): the alignment head's rows
+    torch.testing.assert_close(streamed, best.alignment_attention, atol=1e-6, rtol=0)
+    assert seen[0][-1] < steps - 1  # the first token came before the search ended
 
 
 def test_the_queue_is_bounded():

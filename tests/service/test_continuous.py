@@ -87,14 +87,17 @@ def stream(url: str, body: dict) -> list[dict]:
         return list(client.translate_stream(body.pop("texts")[0], **body))
 
 
-def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(continuous_url):
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_stream_sends_each_settled_token_then_the_translate_result(continuous_url, beam_size):
+    """Greedy: each token as it is decoded. Beam search: each token once every beam shares it, so the tokens are
+    the answer's, in order, none taken back."""
     text = "Tom reads a very long book about the history of the railway."
-    events = stream(continuous_url, {**EN_ZH, "texts": [text], "beam_size": 1, "attention": "summary"})
+    events = stream(continuous_url, {**EN_ZH, "texts": [text], "beam_size": beam_size, "attention": "summary"})
     assert events[0] == {"type": "start", "model": "en-zh", "streams_tokens": True, "sentences": 1}
     tokens, result = events[1:-1], events[-1]
     assert result["type"] == "result" and all(e["type"] == "token" for e in tokens)
     translation = result["translation"]
-    plain = translate(continuous_url, {**EN_ZH, "texts": [text], "beam_size": 1, "split_sentences": False})
+    plain = translate(continuous_url, {**EN_ZH, "texts": [text], "beam_size": beam_size, "split_sentences": False})
     expected = plain.json()["translations"][0]
     for key in ("text", "target_tokens", "explanation_id"):
         assert translation[key] == expected[key], key
@@ -115,15 +118,13 @@ def test_a_greedy_stream_sends_each_token_as_decoded_then_the_translate_result(c
         assert event["attention"] == pytest.approx(row, abs=Tolerance.ATTENTION)
 
 
-def test_a_beam_stream_sends_the_result_only_and_static_streams_never_send_tokens(continuous_url, service_url):
-    body = {**EN_ZH, "texts": ["I like tea."], "beam_size": 4}
-    events = stream(continuous_url, dict(body))
-    assert [e["type"] for e in events] == ["start", "result"] and not events[0]["streams_tokens"]
-    expected = translate(continuous_url, body).json()["translations"][0]
-    assert events[1]["translation"]["text"] == expected["text"]
-    if not CONTINUOUS:  # the session's service runs the static scheduler unless TRANSLATE_TEST_SCHEDULER says
-        static = stream(service_url, {**body, "beam_size": 1})
-        assert [e["type"] for e in static] == ["start", "result"]
+def test_static_streams_send_the_result_only(service_url):
+    if CONTINUOUS:  # the session's service runs the static scheduler unless TRANSLATE_TEST_SCHEDULER says
+        pytest.skip("the session's service runs the continuous scheduler")
+    body = {**EN_ZH, "texts": ["I like tea."], "beam_size": 1}
+    static = stream(service_url, dict(body))
+    assert [e["type"] for e in static] == ["start", "result"] and not static[0]["streams_tokens"]
+    assert static[1]["translation"]["text"] == translate(service_url, body).json()["translations"][0]["text"]
 
 
 # The text of issue #31: /v1/translate splits it, and a stream that did not ended on another translation.

@@ -13,9 +13,9 @@ namespace {
 
 class Loop {
  public:
-  // A streamed token: (request, token, its log-probability, the attention row the request captures: every
-  // layer's and head's (L, h, S), one head's (S,), or None).
-  using Token = std::tuple<int64_t, int64_t, double, c10::optional<Tensor>>;
+  // A streamed token: (request, its position in the output, token, its log-probability, the attention row the
+  // request captures: every layer's and head's (L, h, S), one head's (S,), or None).
+  using Token = std::tuple<int64_t, int64_t, int64_t, double, c10::optional<Tensor>>;
   // A finished hypothesis: (tokens, their log-probabilities, length-normalised score, its attention: every
   // layer's and head's (T, L, h, S), one head's rows (T, S), or None).
   using Hypothesis = std::tuple<std::vector<int64_t>, std::vector<double>, double, c10::optional<Tensor>>;
@@ -29,7 +29,8 @@ class Loop {
 
   // Requests whose encoder pass is done join: their hidden states (n, S, d_model) right-padded, source lengths, and
   // per request its beam size, length budget, minimum new tokens, length penalty, Capture and whether its tokens
-  // are streamed (beam size 1). They decode from the next step; returns their ids.
+  // are streamed (under beam search, those every beam shares: `settled`). They decode from the next step; returns
+  // their ids.
   std::vector<int64_t> join(const Tensor& hidden, const std::vector<int64_t>& lengths, const std::vector<int64_t>& beams,
                             const std::vector<int64_t>& budgets, const std::vector<int64_t>& min_new_tokens,
                             const std::vector<double>& length_penalties, const std::vector<int64_t>& captures,
@@ -157,10 +158,7 @@ class Loop {
         attention = from.narrow(0, request.first_row, request.rows()).narrow(-1, 0, request.length).clone();
       }
       const bool done = advance(request, lp + request.first_row * m, tk + request.first_row * m, m, attention);
-      if (request.stream && request.k == 1) {
-        tokens.emplace_back(request.id, request.candidate_token[0], request.candidate_logprob[0],
-                            attention.defined() ? c10::optional<Tensor>(attention[0]) : c10::nullopt);
-      }
+      if (request.stream) settled(request, done, tokens);
       if (done) {
         finished.emplace_back(request.id, hypotheses(request));
         free_slots_.push_back(request.slot);
@@ -187,6 +185,7 @@ class Loop {
     double length_penalty = 1.0;
     bool stream = false, cancelled = false;
     int64_t step = 0;       // tokens decoded so far: its rows' next position
+    size_t emitted = 0;     // tokens streamed so far
     int64_t first_row = 0;  // where its rows are at this step
     // model.decoding.search.BeamState for this one request, on the host
     std::vector<float> running, finished;
@@ -285,6 +284,34 @@ class Loop {
     request.paths = std::move(paths);
     ++request.step;
     return false;
+  }
+
+  // Hand out the tokens of a streamed request that no later step can take back, from the first not handed out
+  // yet: the prefix its running beams and its finished hypotheses all share (greedy: each token as it comes), and,
+  // once it is done, the rest of its best hypothesis. So a stream is always a prefix of the final answer.
+  static void settled(Request& request, bool done, std::vector<Token>& tokens) {
+    std::vector<const Path*> open;
+    for (int64_t j = 0; j < request.k; ++j)
+      if (request.finished_done[j]) open.push_back(&request.finished_paths[j]);  // best first
+    if (done) {
+      if (open.empty()) return;
+      open.resize(1);  // the answer
+    } else {
+      for (const Path& path : request.paths) open.push_back(&path);
+    }
+    const Path& first = *open[0];
+    size_t shared = first.tokens.size();
+    for (const Path* path : open) {
+      size_t same = 0;
+      const size_t limit = std::min(shared, path->tokens.size());
+      while (same < limit && path->tokens[same] == first.tokens[same]) ++same;
+      shared = same;
+    }
+    for (size_t t = request.emitted; t < shared; ++t) {
+      tokens.emplace_back(request.id, static_cast<int64_t>(t), first.tokens[t], static_cast<double>(first.logprobs[t]),
+                          t < first.attention.size() ? c10::optional<Tensor>(first.attention[t]) : c10::nullopt);
+    }
+    request.emitted = std::max(request.emitted, shared);
   }
 
   // The path of candidate c: its beam's path and its token (with its row's attention).
