@@ -474,6 +474,7 @@ class Translator:
         return_attention: bool = False,
         on_token: Callable[[StreamedToken], None] | None = None,
         reverse: Translator | None = None,
+        source_ids: list[int] | None = None,
         **settings,
     ) -> Future:
         """Translate one text through the continuous loop (`start_continuous` first): a Future of its
@@ -481,11 +482,13 @@ class Translator:
         thread as tokens are settled: under greedy decoding each as it is decoded; under beam search on the
         compiled loop (`streams_beams`) those every beam still in the running shares, so the tokens streamed are
         always a prefix of the answer (on the eager step beams stream nothing until the end).
+        `source_ids`: the text's `encode_source` ids where the caller already has them (not encoded again).
         Raises InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
         if self._loop is None:
             raise RuntimeError("call start_continuous() before submit()")
         options = decoding_options(options, settings)
-        (source_ids,) = self.encode_source([text])
+        if source_ids is None:
+            (source_ids,) = self.encode_source([text])
         result: Future = Future()
         if not text.strip():
             result.set_result(blank_translation())

@@ -180,7 +180,10 @@ class TranslatorDeployment:
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
         if self.continuous:
-            decodes = [self._decode_continuously(text, options, attention, method, trust) for text in texts]
+            decodes = [
+                self._decode_continuously(text, ids, options, attention, method, trust)
+                for text, ids in zip(texts, source_ids, strict=True)
+            ]
         else:
             decodes = [
                 self.batches.submit(BatchItem(text, options, attention, method, trust, ids), options)
@@ -269,11 +272,12 @@ class TranslatorDeployment:
             raise InputTooLongError(f"min_length must be at most {limit} for model {self.spec.id}")
 
     async def _decode_continuously(
-        self, text: str, options: DecodingOptions, attention: str, method: str, trust: str
+        self, text: str, source_ids: list[int], options: DecodingOptions, attention: str, method: str, trust: str
     ) -> dict:
-        """One text through the replica's decode loop; a caller that stops waiting frees its rows."""
+        """One text (its ids, tokenized once by the caller) through the replica's decode loop; a caller that stops
+        waiting frees its rows."""
         self._watch_rows()
-        future = self.translator.submit(text, options, return_attention=attention != "none")
+        future = self.translator.submit(text, options, return_attention=attention != "none", source_ids=source_ids)
         try:
             translation = await asyncio.wrap_future(future)
         except asyncio.CancelledError:

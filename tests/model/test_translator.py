@@ -247,3 +247,21 @@ def test_cli_reports_a_missing_model_without_a_traceback(tmp_path):
     )
     assert completed.returncode == 2
     assert "error:" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_submit_takes_the_ids_a_caller_already_tokenized_and_does_not_tokenize_again(monkeypatch):
+    """The service tokenizes each text once (to refuse one too long at once) and hands the ids on."""
+    translator = Translator.from_pretrained("en-zh", device=DEVICE)
+    text = "The cat sat on the mat."
+    expected = translator.translate([text], beam_size=4)[0]
+    (ids,) = translator.encode_source([text])
+    translator.start_continuous()
+
+    def tokenized_again(*_):
+        raise AssertionError("tokenized a second time")
+
+    monkeypatch.setattr(translator, "encode_source", tokenized_again)
+    monkeypatch.setattr(translator.tokenizer, "encode_source", tokenized_again)
+    translation = translator.submit(text, beam_size=4, source_ids=ids).result(timeout=60)
+    assert (translation.target_ids, translation.alignment) == (expected.target_ids, expected.alignment)
+    assert translation.token_logprobs == pytest.approx(expected.token_logprobs, abs=1e-5)
