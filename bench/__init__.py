@@ -29,6 +29,6 @@ def named_models(items: list[str]) -> dict[str, str]:
 def machine(**extra: Any) -> dict[str, Any]:
     """What a benchmark ran on, for its report: the CPU's model (every speed figure names it), the CPU count, the
     platform, and `extra` (a benchmark's own facts: threads, device, CPU capability)."""
-    from model.runtime.step import cpu_model  # imported when a report is made: torch stays out of `import bench`
+    from model.runtime.extension import cpu_model  # imported when a report is made: torch stays out of `import bench`
 
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(), **extra}

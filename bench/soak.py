@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    from model.runtime.step import cpu_model
+    from model.runtime.extension import cpu_model
 
     config = bench_config(free_port(), None)
     config["applications"] = config["applications"][:1]  # deploy/serve.yaml's app only, without bench's no-op

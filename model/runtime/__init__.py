@@ -7,15 +7,13 @@ the C++ step (model/runtime/csrc/, over ATen) ahead of time, as the Dockerfile a
 
 from __future__ import annotations
 
+from model.runtime.extension import CAPTURE, build, compiled_extension
 from model.runtime.step import (
-    CAPTURE,
     RUNTIME_ENV,
     CompiledStep,
     EagerStep,
     ForcedPass,
     RuntimeInfo,
-    build,
-    compiled_extension,
     forced_pass,
     load_step,
 )

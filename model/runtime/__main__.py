@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from model.runtime.step import build, build_directory
+from model.runtime.extension import build, build_directory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,8 @@ from model.decoding.scheduler import Scheduler
 from model.decoding.search import beam_search
 from model.options import DecodingOptions
 from model.runtime import RUNTIME_ENV, CompiledStep, EagerStep, compiled_extension, load_step
-from model.runtime.step import KERNELS, QUANTIZED, reduce_range
+from model.runtime.extension import KERNELS, QUANTIZED
+from model.runtime.step import reduce_range
 from model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[2]

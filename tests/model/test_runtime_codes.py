@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model.runtime import CAPTURE, compiled_extension
-from model.runtime.step import ACTIVATIONS, KERNELS
+from model.runtime.extension import ACTIVATIONS, KERNELS
 
 needs_compiled = pytest.mark.skipif(compiled_extension() is None, reason="the compiled runtime is not built here")
 
@@ -34,7 +34,7 @@ def test_the_build_digest_covers_every_source(tmp_path, monkeypatch):
     """A built step is reused only while every source under csrc/ (bindings.cpp and each header) is unchanged."""
     import shutil
 
-    from model.runtime import step
+    from model.runtime import extension as step
 
     copy = tmp_path / "csrc"
     shutil.copytree(step.CSRC, copy)
