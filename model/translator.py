@@ -35,6 +35,7 @@ from model.explanations.explain import (
     AttentionSteps,
     attention_steps,
     check_ids,
+    encoder_self_attention,
     forced_alignment_rows,
     forced_decode,
     forced_logprobs,
@@ -809,9 +810,7 @@ class Translator:
         self-attention, which the exact model computes (the step keeps no encoder maps)."""
         check_ids(self.model, list(source_ids), list(target_ids))
         decoded = forced_pass(self.step, list(source_ids), list(target_ids))
-        encoder_maps = None
-        if encoder_attention:
-            encoder_maps = forced_decode(self.exact_model, list(source_ids), list(target_ids)).encoder_self_attention
+        encoder_maps = encoder_self_attention(self.exact_model, source_ids) if encoder_attention else None
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)

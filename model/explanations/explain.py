@@ -117,10 +117,26 @@ def forced_decode(
     hidden, cross = model.decode(decoder_input, encoder, need_weights=True)
     logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)[0]  # (T, V)
     chosen = logprobs.gather(1, torch.tensor(target_ids, device=device)[:, None])[:, 0]
-    encoder_maps = torch.stack([a[0] for a in encoder.self_attention]).float() if encoder_attention else None
-    cross_maps = torch.stack([c[0] for c in cross]).float()
+    encoder_maps = _first_row_maps(encoder.self_attention) if encoder_attention else None
+    cross_maps = _first_row_maps(cross)
     logprobs_host, cross_host, encoder_host = to_host([chosen, cross_maps, encoder_maps])  # (T,), (L, h, T, S), …
     return ForcedDecode(list(source_ids), list(target_ids), logprobs_host.tolist(), cross_host, encoder_host)
+
+
+@torch.inference_mode()
+def encoder_self_attention(model: Transformer, source_ids: list[int]) -> Tensor:
+    """The encoder's self-attention maps (layers, heads, S, S) of one source, on the host: `forced_decode`'s
+    encoder_self_attention without the decoder's pass."""
+    device = model.final_logits_bias.device
+    source = torch.tensor([list(source_ids)], device=device)
+    encoder = model.encode(source, torch.ones_like(source, dtype=torch.bool), need_weights=True)
+    (maps,) = to_host([_first_row_maps(encoder.self_attention)])
+    return maps
+
+
+def _first_row_maps(per_layer: list[Tensor]) -> Tensor:
+    """Per-layer attention (1, h, T, S) of a batch of one → (L, h, T, S) float32."""
+    return torch.stack([maps[0] for maps in per_layer]).float()
 
 
 def forced_batches(model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int):

@@ -155,6 +155,15 @@ def start_cache(
     return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
 
 
+def check_room(model: Transformer, step: int, capacity: int) -> None:
+    """Raise ValueError when decoding step `step` does not fit a cache of `capacity` steps or the model's positions
+    (every step's decode_step asks this first)."""
+    if step >= capacity:
+        raise ValueError(f"decoder cache holds {capacity} steps; step {step} does not fit")
+    if step >= model.positions.size(0):
+        raise ValueError(f"position {step} exceeds max_position_embeddings={model.positions.size(0)}")
+
+
 def decode_step(
     model: Transformer, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
 ) -> tuple[Tensor, list[Tensor] | None]:
@@ -164,8 +173,7 @@ def decode_step(
     row count (the search dropped finished rows).
     """
     step = cache.length
-    if step >= cache.capacity:
-        raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
+    check_room(model, step, cache.capacity)
     x = model.embed(model.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
     x, cross_attention = step_layers(model, x, cache, need_weights)
     cache.length = step + 1

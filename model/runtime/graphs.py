@@ -266,7 +266,6 @@ class GraphSteps:
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     for _ in range(2):
-                        scratch.pending = "all"
                         static_step(self.model, scratch, Variant("all", True))
                 torch.cuda.current_stream().wait_stream(stream)
                 del scratch

@@ -115,10 +115,7 @@ class GraphStep(EagerStep):
             return super().decode_step(last_ids, cache, need_weights)
         static = cache.cache
         step = static.length
-        if step >= static.capacity:
-            raise ValueError(f"decoder cache holds {static.capacity} steps; step {step} does not fit")
-        if step >= self.model.positions.size(0):
-            raise ValueError(f"position {step} exceeds max_position_embeddings={self.model.positions.size(0)}")
+        eager.check_room(self.model, step, static.capacity)
         count = last_ids.size(0)
         static.ids[:count].copy_(last_ids)
         self.graphs.run(static, need_weights)
@@ -272,10 +269,7 @@ class CompiledStep:
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
         step = cache.length
-        if step >= cache.capacity:
-            raise ValueError(f"decoder cache holds {cache.capacity} steps; step {step} does not fit")
-        if step >= self.model.positions.size(0):
-            raise ValueError(f"position {step} exceeds max_position_embeddings={self.model.positions.size(0)}")
+        eager.check_room(self.model, step, cache.capacity)
         logits, cross = self._runtime.step_at(
             last_ids, step, cache.self_key, cache.self_value, cache.cross_key, cache.cross_value, cache.source_mask,
             need_weights,

@@ -427,8 +427,8 @@ class Runtime {
   // best recomputed from the fp32 weight, as `logits` does), one more sums e^(logit - max), and only the picked
   // ones get their log-probability (logit - max) - log Σ, then ordered as at::topk orders log-probabilities (of
   // equal values the lower column first). Banned tokens (pad; eos before min_new_tokens) are left out; a row at
-  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces; `banned[r]`: row r may not end
-// yet.
+  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces; `banned[r]`: row r may not
+  // end yet.
   std::tuple<Tensor, Tensor> candidates(const Tensor& x, int64_t m, const std::vector<char>& banned,
                                         const std::vector<char>& ending, int64_t eos, int64_t pad) const {
     const int64_t rows = x.size(0), d = x.size(1);
