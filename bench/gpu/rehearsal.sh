@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Rehearses the GPU check's bundle on this machine, before a lent GPU machine's minutes are spent on it:
 # a fresh virtual environment with only the packages of the GPU machines' image that the bundle counts on
-# (bench/gpu/image_packages.txt), the bundle built for this Python unpacked beside it, and the check's serve stage
-# and engine tests run on the CPU (`--device cpu`: no num_gpus, float32). A module the bundle lacks fails here as
-# it would there.
+# (bench/gpu/image_packages.txt), the bundle built for this Python unpacked beside it, and the check's serve
+# stages (GPU_REHEARSAL_STAGES: which) and engine tests run on the CPU (`--device cpu`: no num_gpus, float32). A module
+# the bundle lacks fails here as it would there.
 #
 #   bash bench/gpu/rehearsal.sh [output folder]     # ~10 minutes
 set -euo pipefail
@@ -21,7 +21,7 @@ python3 -m venv "$venv"
 BUNDLE_PYTHON="$python" BUNDLE_DIR="$bundle" bash bench/gpu/bundle.sh
 tar -xJf "$bundle/site.tar.xz" -C "$site"
 PYTHONPATH="$site" "$venv/bin/python" -m bench.gpu.check --device cpu --data "$bundle/dev.tsv" --output "$output" \
-  --stages environment serve tests --port "${GPU_REHEARSAL_PORT:-8000}"
+  --stages ${GPU_REHEARSAL_STAGES:-environment serve serve-continuous tests} --port "${GPU_REHEARSAL_PORT:-8000}"
 "$venv/bin/python" - "$output/gpu-check.json" <<'PY'
 import json, sys
 

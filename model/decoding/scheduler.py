@@ -285,6 +285,19 @@ class RaggedCache:
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
+def _to_host(tensors: list[Tensor]) -> list[Tensor]:
+    """The tensors on the host, in one copy (one wait for the device rather than one per tensor): packed as float64,
+    which holds every token id and row number exactly, and unpacked to their own dtypes and shapes."""
+    if tensors[0].device.type == "cpu":
+        return list(tensors)
+    packed = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
+    out, start = [], 0
+    for t in tensors:
+        out.append(packed[start : start + t.numel()].view(t.shape).to(t.dtype))
+        start += t.numel()
+    return out
+
+
 def _rows_of(flags: list[bool], k: int) -> list[int]:
     """The rows (k per request, in order) of the requests whose flag is set."""
     return [g * k + j for g, flag in enumerate(flags) if flag for j in range(k)]
@@ -318,7 +331,8 @@ class Scheduler:
         # the compiled decode loop where the step has one, else the ragged cache this module steps from Python
         new_loop = getattr(self.decoder_step, "new_loop", None)
         self.loop = new_loop(alignment_head) if new_loop is not None else None
-        self.cache = RaggedCache(model)
+        rows_cache = getattr(self.decoder_step, "rows_cache", None)  # the graph step's fixed buffers, on a GPU
+        self.cache = rows_cache() if rows_cache is not None else RaggedCache(model)
         self.running: list[DecodeRequest] = []  # in row order: request i owns the next `beams` rows
         self._by_loop_id: dict[int, DecodeRequest] = {}
         self.waiting: deque[DecodeRequest] = deque()
@@ -590,12 +604,12 @@ class Scheduler:
             config.eos_token_id,
         )
         beam, token, token_logprob, chosen = choice.beam, choice.token, choice.logprob, choice.chosen
-        done = choice.done.tolist()
 
         new_rows = beam.gather(1, chosen)  # (G, k)
         tokens = token.gather(1, chosen)
         new_logprobs = token_logprob.gather(1, chosen)
-        host = [t.cpu() for t in (beam, token, token_logprob, new_rows, tokens, new_logprobs)]
+        host = _to_host([beam, token, token_logprob, new_rows, tokens, new_logprobs, choice.done])
+        done = host.pop().tolist()
         outcome: list[tuple[Tensor, Tensor] | None] = []
         for g, (first, request) in enumerate(members):
             request_attention = kept = None

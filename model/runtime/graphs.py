@@ -247,21 +247,41 @@ class GraphSteps:
         entry = self.buckets[cache.shape]
         graph = entry.graphs.get(variant)
         if graph is None:
-            graph = self._captured(cache, variant)
+            graph = self._captured(lambda: static_step(self.model, cache, variant), cache.shape)
             if graph is None:
                 static_step(self.model, cache, variant)
                 return
             entry.graphs[variant] = graph
         graph.replay()
 
-    def _captured(self, cache: StaticCache, variant: Variant) -> torch.cuda.CUDAGraph | None:
-        """`variant`'s step on `cache` captured as a graph without running it (the cache's state is the search's
-        and must not move). The first capture warms the libraries up on a scratch cache of the same shape, so
-        that nothing initialises inside a capture. None, with the reason logged once, when capture fails; every
-        later step then runs eagerly."""
+    def run_rows(self, cache: StaticRows, weights: bool) -> None:
+        """One step for the continuous scheduler's rows: the replay of their row bucket's graph (captured now if
+        this bucket and variant have none on this storage yet)."""
+        rows = bucket(cache.rows, ROW_BUCKETS)
+        variant = Variant(cache.pending, weights)
+        cache.pending = "none"
+        if not self.capture:
+            rows_step(self.model, cache, rows, variant)
+            return
+        graph = cache.graphs.get((rows, variant))
+        if graph is None:
+            shape = Shape(rows, cache.shape.capacity, cache.shape.source)
+            graph = self._captured(lambda: rows_step(self.model, cache, rows, variant), shape)
+            if graph is None:
+                rows_step(self.model, cache, rows, variant)
+                return
+            cache.graphs[(rows, variant)] = graph
+        graph.replay()
+
+    def _captured(self, step, shape: Shape) -> torch.cuda.CUDAGraph | None:
+        """`step` (a static step on buffers of `shape`) captured as a graph without running it (the buffers'
+        state is the search's and must not move). The first capture warms the libraries up on a scratch cache of
+        that shape, so that nothing initialises inside a capture. None, with the reason logged once, when capture
+        fails; every later step then runs eagerly."""
         try:
             if self.captured == 0:
-                scratch = StaticCache(self.model, cache.shape, cache.ids.device, cache.self_key[0].dtype)
+                model = self.model
+                scratch = StaticCache(model, shape, model.final_logits_bias.device, model.positions.dtype)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
@@ -272,7 +292,7 @@ class GraphSteps:
             graph = torch.cuda.CUDAGraph()
             # thread_local: another replica thread's allocations during this capture are not errors
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                static_step(self.model, cache, variant)
+                step()
             self.captured += 1
             return graph
         except Exception as error:  # noqa: BLE001 - an uncapturable op: the eager static step still decodes
@@ -281,3 +301,181 @@ class GraphSteps:
             logger.warning("decoding runtime: CUDA graph capture failed, the static step runs eagerly (%s)",
                            self.failure)
             return None
+
+
+class StaticRows:
+    """The continuous scheduler's rows (model.decoding.scheduler) on fixed buffers, for the graph step: rows of
+    different requests at different positions, joining and leaving between steps, as RaggedCache holds them, with
+    the same `join`, `keep`, `clear` and `rows`, but every buffer allocated at bucketed capacity (rows, decode
+    positions, source positions), each row's position held on the device, and the moves of self-attention K/V done
+    inside the next step. A step runs over the first `bucket(rows)` rows at the storage's full capacity and source
+    width (positions a row has not reached and source padding masked), so its shapes change only when the rows
+    cross a bucket: one CUDA graph per row bucket and variant, replayed at every step. Storage grows (and its graphs
+    are dropped) only when a request's rows, source or budget outgrow it. Rows past `rows` are padding: they decode
+    finite numbers nobody reads.
+    """
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        layer = model.decoder_layers[0].self_attn
+        self.layers, self.heads, self.d_k = len(model.decoder_layers), layer.heads, layer.d_k
+        self.device = model.final_logits_bias.device
+        self.dtype = model.positions.dtype
+        self.vocabulary = model.output_weight.size(0)
+        self.graphs: dict[tuple[int, Variant], torch.cuda.CUDAGraph] = {}  # this storage's, by (row bucket, variant)
+        self.shape = Shape(0, 0, 0)
+        self.clear()
+        self._allocate(Shape(0, 0, 0))
+
+    def clear(self) -> None:
+        """No rows (storage and graphs are kept)."""
+        self._rows = 0
+        self._lengths: list[int] = []  # per row in use: its source length (host)
+        self.pending = "none"
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def _allocate(self, shape: Shape) -> None:
+        """Buffers at `shape`, what the rows in use hold copied over (zeros elsewhere: a position no row has written
+        must hold finite numbers, since masking multiplies it by a weight of exactly 0)."""
+        old, used, kept = self.shape, self._rows, self.shape.rows > 0
+        if kept and self.pending == "self":  # the moves `keep` left for the next step, done here on the old storage
+            for buffer in (*self.self_key, *self.self_value):
+                buffer[:used] = buffer.index_select(0, self.parents[:used])
+            self.pending = "none"
+        rows, capacity, source, device, dtype = shape.rows, shape.capacity, shape.source, self.device, self.dtype
+
+        def fresh(width: int, previous: list[Tensor] | None, length: int) -> list[Tensor]:
+            made = []
+            for i in range(self.layers):
+                buffer = torch.zeros(rows, self.heads, width, self.d_k, device=device, dtype=dtype)
+                if previous:
+                    buffer[:used, :, :length] = previous[i][:used, :, :length]
+                made.append(buffer)
+            return made
+
+        self.self_key = fresh(capacity, self.self_key if kept else None, old.capacity if kept else 0)
+        self.self_value = fresh(capacity, self.self_value if kept else None, old.capacity if kept else 0)
+        self.cross_key = fresh(source, self.cross_key if kept else None, old.source if kept else 0)
+        self.cross_value = fresh(source, self.cross_value if kept else None, old.source if kept else 0)
+        mask = torch.zeros(rows, 1, 1, source, device=device, dtype=dtype)
+        positions = torch.zeros(rows, dtype=torch.long, device=device)
+        if kept:
+            mask[:used, :, :, : old.source] = self.source_mask[:used]
+            mask[:used, :, :, old.source :] = torch.finfo(dtype).min
+            positions[:used] = self.positions[:used]
+        self.source_mask, self.positions = mask, positions  # additive (rows, 1, 1, S); each row's next position
+        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.identity = torch.arange(rows, device=device)
+        self.parents = self.identity.clone()  # row r continues old row parents[r] (the next step moves its K/V)
+        self.steps = torch.arange(capacity, device=device)
+        self.spare_self = torch.empty(rows, self.heads, capacity, self.d_k, device=device, dtype=dtype)
+        self.spare_cross = torch.empty(rows, self.heads, source, self.d_k, device=device, dtype=dtype)
+        self.spare_mask = torch.empty_like(mask)
+        self.logits = torch.zeros(rows, self.vocabulary, device=device, dtype=dtype)
+        self.weights = torch.zeros(self.layers, rows, self.heads, source, device=device, dtype=dtype)
+        self.last_position = min(capacity, self.model.positions.size(0)) - 1  # where padding rows stop advancing
+        self.shape = shape
+        self.graphs = {}
+
+    @torch.inference_mode()
+    def join(
+        self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
+        lengths: list[int],
+    ) -> None:
+        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0."""
+        added, _, source, _ = cross_keys[0].shape
+        needed = Shape.holding(self._rows + added, capacity, source)
+        if (needed.rows > self.shape.rows or needed.capacity > self.shape.capacity
+                or needed.source > self.shape.source):
+            self._allocate(Shape(max(needed.rows, self.shape.rows), max(needed.capacity, self.shape.capacity),
+                                 max(needed.source, self.shape.source)))
+        new = slice(self._rows, self._rows + added)
+        for buffers, parts in ((self.cross_key, cross_keys), (self.cross_value, cross_values)):
+            for buffer, part in zip(buffers, parts, strict=True):
+                buffer[new, :, :source] = part
+        lowest = torch.finfo(self.dtype).min
+        self.source_mask[new] = lowest
+        self.source_mask[new, 0, 0, :source] = torch.zeros_like(source_mask, dtype=self.dtype).masked_fill_(
+            ~source_mask, lowest)
+        self.positions[new] = 0
+        self._rows += added
+        self._lengths.extend(lengths)
+
+    @torch.inference_mode()
+    def keep(self, index: Tensor, same_sources: bool = False, moves: list[tuple[int, int, int]] | None = None) -> None:
+        """Row r becomes old row index[r] (RaggedCache.keep's contract): each row's source state (cross K/V, source
+        mask, position) moves now, as `moves` says or by gathering; its self-attention K/V move inside the next
+        step (`parents`)."""
+        count = index.numel()
+        if count == 0:
+            self.clear()
+            return
+        self.parents[:count].copy_(index)
+        self.pending = "self"
+        if same_sources and count == self._rows:
+            return
+        if moves is not None:
+            for old, new, rows in moves:
+                for buffer in (*self.cross_key, *self.cross_value):
+                    buffer[new : new + rows] = buffer[old : old + rows]
+                self.source_mask[new : new + rows] = self.source_mask[old : old + rows]
+                self.positions[new : new + rows] = self.positions[old : old + rows]
+                self._lengths[new : new + rows] = self._lengths[old : old + rows]
+        else:
+            for buffer in (*self.cross_key, *self.cross_value):
+                torch.index_select(buffer[: self._rows], 0, index, out=self.spare_cross[:count])
+                buffer[:count] = self.spare_cross[:count]
+            torch.index_select(self.source_mask[: self._rows], 0, index, out=self.spare_mask[:count])
+            self.source_mask[:count] = self.spare_mask[:count]
+            self.positions[:count] = self.positions[: self._rows].index_select(0, index)
+            self._lengths = [self._lengths[r] for r in index.tolist()]
+        self._rows = count
+        del self._lengths[count:]
+
+
+class _RowsView:
+    """The first `rows` rows of a StaticRows, as eager.step_layers reads a cache (cross K/V, source mask, self mask,
+    and `append` writing each row's K/V at its own position)."""
+
+    def __init__(self, cache: StaticRows, rows: int) -> None:
+        self.cache, self.count = cache, rows
+        self.cross_key = [b[:rows] for b in cache.cross_key]
+        self.cross_value = [b[:rows] for b in cache.cross_value]
+        self.source_mask = cache.source_mask[:rows]
+        self.positions = cache.positions[:rows]
+        written = cache.steps[None, :] <= self.positions[:, None]  # (rows, T) the positions each row has K/V at
+        self.self_mask = torch.zeros(written.shape, device=written.device, dtype=cache.dtype).masked_fill_(
+            ~written, torch.finfo(cache.dtype).min)[:, None, None, :]
+        self.at = self.positions.view(rows, 1, 1, 1).expand(rows, cache.heads, 1, cache.d_k)
+
+    def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        rows = self.count
+        keys, values = self.cache.self_key[layer][:rows], self.cache.self_value[layer][:rows]
+        keys.scatter_(2, self.at, key)
+        values.scatter_(2, self.at, value)
+        return keys, values
+
+
+def rows_step(model: Transformer, cache: StaticRows, rows: int, variant: Variant) -> None:
+    """One decoder step for the first `rows` rows of `cache` (a row bucket), each at its own position, into
+    `cache.logits` (and `cache.weights`): the self-attention K/V moves `keep` asked for, the embedding of `cache.ids`
+    at each row's position, every decoder layer (eager.step_layers, the reference), the output projection; then
+    every position advances (padding rows stop at the last). No host reads: a CUDA graph can hold it."""
+    if variant.gather != "none":
+        spare = cache.spare_self[:rows]
+        for buffer in (*cache.self_key, *cache.self_value):
+            torch.index_select(buffer, 0, cache.parents[:rows], out=spare)  # parents may lie past the bucket
+            buffer[:rows].copy_(spare)
+        cache.parents[:rows].copy_(cache.identity[:rows])
+    view = _RowsView(cache, rows)
+    embedded = model.decoder_embed_tokens(cache.ids[:rows, None]).to(cache.dtype) * model.embed_scale  # (R, 1, d)
+    x = embedded + model.positions.index_select(0, view.positions)[:, None, :]
+    x, cross_attention = eager.step_layers(model, x, view, variant.weights)
+    cache.logits[:rows].copy_(model.logits(x[:, 0]))
+    if variant.weights:
+        for layer, weights in enumerate(cross_attention):
+            cache.weights[layer, :rows].copy_(weights)  # (R, h, S)
+    view.positions.add_(1).clamp_(max=cache.last_position)

@@ -52,6 +52,7 @@ class EagerStep:
     scheduler drive its `decode_step`/`decode_rows` from Python (it has no compiled decode loop)."""
 
     new_loop = None  # no compiled decode loop: the search and the scheduler drive decode_step/decode_rows
+    rows_cache = None  # the continuous scheduler keeps its own ragged rows (model.decoding.scheduler.RaggedCache)
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -88,8 +89,9 @@ class EagerStep:
 class GraphStep(EagerStep):
     """The eager step at static shapes (model/runtime/graphs.py): the search's cache is a bucket's fixed buffers and
     each `decode_step` is one CUDA graph replay on a GPU (`capture`; None: when the model is on one), or the same
-    static step run eagerly (a CPU, or where capture failed). The ids equal EagerStep's; the continuous
-    scheduler's ragged rows (`decode_rows`) still step eagerly."""
+    static step run eagerly (a CPU, or where capture failed). The ids equal EagerStep's. The continuous
+    scheduler's rows live on fixed buffers too (`rows_cache`, graphs.StaticRows): each `decode_rows` is one replay
+    of its row bucket's graph, so rows join and leave between steps at the graph's speed."""
 
     def __init__(self, model, capture: bool | None = None, reason: str = "", precision: str | None = None) -> None:
         on_gpu = model.final_logits_bias.device.type == "cuda"
@@ -122,6 +124,22 @@ class GraphStep(EagerStep):
         static.length = step + 1
         cross = list(static.weights[:, :count].clone().unbind(0)) if need_weights else None
         return static.logits[:count], cross
+
+    def rows_cache(self) -> graphs.StaticRows:
+        """The continuous scheduler's rows on fixed buffers (in place of its RaggedCache)."""
+        return graphs.StaticRows(self.model)
+
+    @torch.inference_mode()
+    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
+        """`EagerStep.decode_rows` on the scheduler's static rows: logits (N, V) and cross-attention per layer
+        (N, h, S at the storage's source width, padding weighted 0), both valid until the next step."""
+        if not isinstance(cache, graphs.StaticRows):
+            return super().decode_rows(last_ids, cache, need_weights)
+        count = cache.rows
+        cache.ids[:count].copy_(last_ids)
+        self.graphs.run_rows(cache, need_weights)
+        cross = [cache.weights[layer, :count] for layer in range(cache.layers)] if need_weights else None
+        return cache.logits[:count], cross
 
 
 @dataclass

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from model import Translator
+from model.decoding.scheduler import Scheduler
 from model.decoding.search import beam_search
 from model.options import DecodingOptions
 from model.runtime import EagerStep
@@ -115,3 +116,26 @@ def test_buckets_past_the_memory_budget_are_freed_least_recently_used_first(tran
     beam_search(model, ids, options, step=step)
     assert len(step.graphs.buckets) == 1
     assert beam_search(model, ids[:2], options, step=step) == first
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_continuous_schedulers_rows_on_fixed_buffers_decode_the_eager_steps_ids(translator, beam):
+    """The GPU's continuous path on the shipped model: sentences arriving one per step join the rows on StaticRows
+    (graph replays on a GPU) and decode what the eager static search decodes for each alone."""
+    model = translator.model
+    ids = translator.encode_source(SENTENCES)
+    options = DecodingOptions(beam_size=beam, max_new_tokens=40)
+    alone = beam_search(model, ids, options, return_attention=True, step=EagerStep(model))
+    step = GraphStep(model, capture=DEVICE == "cuda")
+    scheduler = Scheduler(model, max_rows=32, step=step)
+    submitted = []
+    for source in ids:
+        submitted.append(scheduler.submit(source, options, return_attention=True))
+        scheduler.step()
+    scheduler.run()
+    for request, want in zip(submitted, alone, strict=True):
+        assert request.hypotheses[0].token_ids == want[0].token_ids
+        assert request.hypotheses[0].score == pytest.approx(want[0].score, abs=1e-4)
+        assert torch.allclose(request.hypotheses[0].cross_attention, want[0].cross_attention, atol=1e-5)
+    if DEVICE == "cuda":
+        assert step.graphs.failure is None and step.graphs.captured > 0

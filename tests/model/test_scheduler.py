@@ -15,8 +15,10 @@ from model.decoding.scheduler import Scheduler
 from model.decoding.search import beam_search
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.runtime import compiled_extension
+from model.runtime import EagerStep, compiled_extension
+from model.runtime.step import GraphStep
 from model.transformer import Transformer
+from tests.harness.tiny import DEVICE
 
 EOS, PAD = 0, 49
 
@@ -78,16 +80,19 @@ def assert_same(got, expected, context) -> None:
             torch.testing.assert_close(hypothesis.cross_attention, reference.cross_attention, atol=1e-5, rtol=0)
 
 
-def run_interleaved(seed: int, beams: tuple[int, ...], max_rows: list[int]) -> list[list]:
+def run_interleaved(seed: int, beams: tuple[int, ...], max_rows: list[int], static: bool = False) -> list[list]:
     """Random requests (see random_requests) through one scheduler, each checked against decoding it alone;
     returns the running requests after every step, each as its place in the order of submission (the queue is
-    first in, first out: without moves the running order would be increasing)."""
+    first in, first out: without moves the running order would be increasing). static: the rows on the graph
+    step's fixed buffers (model/runtime/graphs.py StaticRows; CUDA graphs where the tests run on a GPU)."""
     rng = random.Random(seed)
-    model = random_model(seed)
+    model = random_model(seed).to(DEVICE)
     requests = random_requests(rng, 14, beams)
-    alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
+    alone = [beam_search(model, [source], options, return_attention=True, step=EagerStep(model))[0]
+             for _, source, options in requests]
 
-    scheduler = Scheduler(model, max_rows=rng.choice(max_rows))
+    step = GraphStep(model, capture=DEVICE == "cuda") if static else EagerStep(model)
+    scheduler = Scheduler(model, max_rows=rng.choice(max_rows), step=step)
     pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
     submitted = {}
     place: dict[int, int] = {}
@@ -123,6 +128,37 @@ def test_requests_of_one_beam_size_take_the_rows_of_those_that_leave_and_still_d
     # state is copied): the running order stops being the order of arrival, and every result is still exact
     orders = run_interleaved(seed, (beam,), [8 * beam, 64])
     assert any(order != sorted(order) for order in orders), "no request ever moved: the test exercises nothing"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_on_the_graph_steps_fixed_buffers_decode_as_if_alone(seed):
+    # the GPU's continuous path: the same random arrivals, mixed beam sizes (rows gathered) and one beam size
+    # (rows moved), on StaticRows, whose step runs over a row bucket at full capacity with each row's own position
+    run_interleaved(seed, (1, 1, 2, 3, 4), [4, 8, 64], static=True)
+    orders = run_interleaved(seed, (4,), [32, 64], static=True)
+    assert any(order != sorted(order) for order in orders), "no request ever moved: the test exercises nothing"
+
+
+def test_static_rows_keep_their_storage_while_rows_come_and_go():
+    """What makes a graph replayable: the buffers a step reads stay put while requests join and leave; they are
+    replaced only when a request outgrows them (more rows, a longer source or budget than any before)."""
+    model = random_model(3).to(DEVICE)
+    step = GraphStep(model, capture=DEVICE == "cuda")
+    scheduler = Scheduler(model, max_rows=16, step=step)
+    rng = random.Random(3)
+    requests = [(source, DecodingOptions(beam_size=2, max_new_tokens=8)) for _, source, _ in random_requests(rng, 24)]
+    for source, options in requests[:8]:
+        scheduler.submit(source, options)
+    scheduler.step()
+    storage = scheduler.cache.self_key[0].data_ptr()
+    shapes = set()
+    for source, options in requests[8:]:
+        scheduler.submit(source, options)
+        scheduler.step()
+        shapes.add(scheduler.cache.shape)
+        assert scheduler.cache.self_key[0].data_ptr() == storage
+    scheduler.run()
+    assert shapes == {scheduler.cache.shape}
 
 
 def test_a_request_that_arrives_mid_decode_joins_at_the_next_step_and_a_short_one_leaves_first():
