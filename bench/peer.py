@@ -74,6 +74,8 @@ OURS = {
     "int8": {"dtype": "int8"},
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
+    "calls4": {"coalesce_max_calls": 4},  # a call queued behind the one decoding on each of the two replicas
+    "calls3": {"coalesce_max_calls": 3},
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 
@@ -92,6 +94,8 @@ def ours_config(name: str, port: int) -> dict:
     if "dtype" in changes:
         for spec in application["args"]["models"]:
             spec["dtype"] = changes["dtype"]
+    if "coalesce_max_calls" in changes:
+        application["args"]["coalesce_max_calls"] = changes["coalesce_max_calls"]
     return config
 
 
@@ -569,6 +573,7 @@ def load_scenarios(
             "sentences_per_s": round(ok * k / result.wall_s, 2) if result.wall_s else None,
             **{key: summary[key] for key in ("p50_ms", "p95_ms", "p99_ms", "statuses", "exceptions", "lost")},
             "server_cpu_ms_per_sentence": round(1000 * server_s / (ok * k), 2) if ok else None,
+            "server_cores_busy": round(server_s / result.wall_s, 2) if result.wall_s else None,
             "load_generator_cpu_ms_per_sentence": round(1000 * used["load generator"] / (ok * k), 2) if ok else None,
         }
         logger.info("%s", row)

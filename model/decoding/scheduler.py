@@ -37,6 +37,7 @@ from model.decoding.search import (
     length_budget,
     loop_hypotheses,
     next_logprobs,
+    to_host,
 )
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
@@ -283,19 +284,6 @@ class RaggedCache:
             self._self_key[layer][index, :, self.positions] = key[:, :, 0]
             self._self_value[layer][index, :, self.positions] = value[:, :, 0]
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
-
-
-def _to_host(tensors: list[Tensor]) -> list[Tensor]:
-    """The tensors on the host, in one copy (one wait for the device rather than one per tensor): packed as float64,
-    which holds every token id and row number exactly, and unpacked to their own dtypes and shapes."""
-    if tensors[0].device.type == "cpu":
-        return list(tensors)
-    packed = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors]).cpu()
-    out, start = [], 0
-    for t in tensors:
-        out.append(packed[start : start + t.numel()].view(t.shape).to(t.dtype))
-        start += t.numel()
-    return out
 
 
 def _rows_of(flags: list[bool], k: int) -> list[int]:
@@ -608,7 +596,7 @@ class Scheduler:
         new_rows = beam.gather(1, chosen)  # (G, k)
         tokens = token.gather(1, chosen)
         new_logprobs = token_logprob.gather(1, chosen)
-        host = _to_host([beam, token, token_logprob, new_rows, tokens, new_logprobs, choice.done])
+        host = to_host([beam, token, token_logprob, new_rows, tokens, new_logprobs, choice.done])  # a copy per dtype
         done = host.pop().tolist()
         outcome: list[tuple[Tensor, Tensor] | None] = []
         for g, (first, request) in enumerate(members):
