@@ -24,3 +24,18 @@ def copy_to_host(tensors: list[Tensor | None]) -> tuple[list[Tensor | None], int
 def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
     """`copy_to_host` without the count."""
     return copy_to_host(tensors)[0]
+
+
+def matrices_to_lists(matrices: list[Tensor]) -> list[list[list[float]]]:
+    """2-d tensors as nested Python lists of floats (float32 values), all in one read: packed into one padded
+    tensor, one `.tolist()`, each cut back to its own shape. The work after a decode (alignments, trust) runs on
+    these host arrays rather than a torch call per sentence."""
+    if not matrices:
+        return []
+    rows = max(m.size(0) for m in matrices)
+    columns = max(m.size(1) for m in matrices)
+    packed = torch.zeros(len(matrices), rows, columns, dtype=torch.float32)
+    for index, matrix in enumerate(matrices):
+        packed[index, : matrix.size(0), : matrix.size(1)] = matrix.detach().to("cpu", torch.float32)
+    nested = packed.tolist()
+    return [[row[: m.size(1)] for row in nested[i][: m.size(0)]] for i, m in enumerate(matrices)]

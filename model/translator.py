@@ -40,6 +40,7 @@ from model.explanations.explain import (
     forced_decode,
     forced_logprobs,
 )
+from model.host import matrices_to_lists
 from model.options import DecodingOptions
 from model.runtime import forced_pass, load_step
 from model.runtime.step import weights_precision
@@ -122,33 +123,26 @@ class Translation:
 
 
 def word_links(
-    matrix: Tensor, source_tokens: list[str], target_tokens: list[str]
+    matrix: Tensor | list[list[float]], source_tokens: list[str], target_tokens: list[str]
 ) -> tuple[list[tuple[int, int]], list[str], list[str]]:
     """Merge pieces into words; each target word aligns to the source word receiving most attention mass
-    in the alignment head's (T, S) rows (never the source's final </s>): (pairs, source words, target words)."""
+    in the alignment head's (T, S) rows (never the source's final </s>): (pairs, source words, target words).
+    `matrix`: the rows, or the same as host lists (model.host.matrices_to_lists: what a batch's translations use)."""
     source_groups = word_groups(source_tokens)
     target_groups = word_groups(target_tokens)
-    matrix = matrix.float()
+    rows = matrix.float().tolist() if isinstance(matrix, Tensor) else matrix
     candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
     if not candidates:
         candidates = list(range(len(source_groups)))
-    # Each target word's rows averaged, then each candidate source word's columns summed: two small matmuls
-    # (looping over words with tensor operations cost about 0.9 ms a sentence, against 0.16 ms this way).
-    target_length, source_length = matrix.shape
-    average = [[0.0] * target_length for _ in target_groups]
-    for word, pieces in enumerate(target_groups):
+    # Each target word's rows averaged, then each candidate source word's columns summed, over host lists (a
+    # torch call per word cost more than its arithmetic).
+    pairs = []
+    for target_word, pieces in enumerate(target_groups):
         # a lone "▁" is part of its word's text, not of what the word attends to (unless it is the whole word)
-        rows = [piece for piece in pieces if not is_lone_space(target_tokens[piece])] or pieces
-        for piece in rows:
-            average[word][piece] = 1.0 / len(rows)
-    membership = [[0.0] * len(candidates) for _ in range(source_length)]
-    for column, word in enumerate(candidates):
-        for piece in source_groups[word]:
-            membership[piece][column] = 1.0
-    average = torch.tensor(average, device=matrix.device).view(len(target_groups), target_length)
-    membership = torch.tensor(membership, device=matrix.device).view(source_length, len(candidates))
-    best = ((average @ matrix) @ membership).argmax(dim=1).tolist()  # (target words,)
-    pairs = [(candidates[column], target_word) for target_word, column in enumerate(best)]
+        used = [piece for piece in pieces if not is_lone_space(target_tokens[piece])] or pieces
+        average = [sum(column) / len(used) for column in zip(*(rows[piece] for piece in used))]
+        mass = [sum(average[piece] for piece in source_groups[word]) for word in candidates]
+        pairs.append((candidates[max(range(len(mass)), key=mass.__getitem__)], target_word))
     return (
         pairs,
         [_word_text(source_tokens, g) for g in source_groups],
@@ -436,12 +430,14 @@ class Translator:
         )
         nbest_iter = iter(nbest_of_text)
         nbest = [[] if empty else next(nbest_iter) for empty in blank]
+        # every hypothesis's alignment rows on the host in one read; what follows is Python over those lists
+        rows = iter(matrices_to_lists([self._read_rows(self._alignment_matrix(h)) for hs in nbest for h in hs]))
         results = []
         for ids, hypotheses in zip(source_ids, nbest, strict=True):
             if not hypotheses:
                 results.append(blank_translation())
                 continue
-            built = [self._build(ids, h, return_attention) for h in hypotheses]
+            built = [self._build(ids, h, return_attention, next(rows)) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]
             results.append(best)
@@ -537,15 +533,26 @@ class Translator:
         if self._loop is not None and decoding is not None:
             self._loop.cancel(decoding)
 
-    def _build(self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool) -> Translation:
+    def _alignment_matrix(self, hypothesis: Hypothesis) -> Tensor:
+        """The alignment head's (T, S) rows of a hypothesis, unread (from its maps where it kept them)."""
+        attention = hypothesis.cross_attention
+        if attention is not None:
+            return alignment_matrix(attention, *self.alignment_head)
+        return hypothesis.alignment_attention
+
+    def _build(
+        self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool,
+        rows: list[list[float]] | None = None,
+    ) -> Translation:
+        """A Translation of one hypothesis; `rows`: its alignment rows, read, as host lists where the caller made
+        them for a whole batch (model.host.matrices_to_lists), else made here."""
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
-        if attention is not None:
-            matrix = alignment_matrix(attention, *self.alignment_head)
-        else:
-            matrix = hypothesis.alignment_attention  # (T, S): the alignment head's rows
-        pairs, words = self._alignments(matrix, source_tokens, target_tokens)
+        matrix = self._alignment_matrix(hypothesis)
+        if rows is None:
+            (rows,) = matrices_to_lists([self._read_rows(matrix)])
+        pairs, words = attention_links(rows), word_links(rows, source_tokens, target_tokens)
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -628,13 +635,16 @@ class Translator:
         # At the length budget the search ends a hypothesis with </s> (Marian's forced_eos_token_id), so a
         # hypothesis that long with </s> last was cut; one without </s> (a client's target) never ended.
         budget, limit = options or DecodingOptions(), self.config.max_position_embeddings
+        # every hypothesis's rows on the host in one read (the trust signals are Python over those lists)
+        with_rows = [i for i, h in enumerate(hypotheses) if h.alignment_rows is not None]
+        read = matrices_to_lists([self._read_rows(hypotheses[i].alignment_rows) for i in with_rows])
+        host_rows = dict(zip(with_rows, read, strict=True))
         for index, hypothesis in enumerate(hypotheses):
-            rows = hypothesis.alignment_rows
             reading = _Reading(
                 source_tokens=hypothesis.source_tokens,
                 target_tokens=hypothesis.target_tokens,
                 token_logprobs=list(hypothesis.token_logprobs),
-                rows=self._read_rows(rows) if rows is not None else None,
+                rows=host_rows.get(index),
                 ended=bool(hypothesis.target_ids)
                 and hypothesis.target_ids[-1] == eos
                 and len(hypothesis.target_ids) < length_budget(len(hypothesis.source_ids), budget, limit),

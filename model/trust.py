@@ -142,7 +142,8 @@ class _Reading:
     source_tokens: list[str]
     target_tokens: list[str]
     token_logprobs: list[float]
-    rows: Tensor | None  # (T, S) alignment-head rows read as the model declares, or None
+    rows: Tensor | list[list[float]] | None  # (T, S) alignment-head rows read as the model declares (or as host
+    # lists: model.host.matrices_to_lists), or None
     ended: bool  # the hypothesis ends with </s>
     source_words: list[str]
     target_words: list[str]
@@ -181,20 +182,18 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
     # Alignment: source words' column mass, target words' mass on real source pieces.
     column_mass: dict[int, float] = {}
     support: dict[int, float] = {}
-    if reading.rows is not None and reading.rows.numel():
-        rows = reading.rows.float()
-        rows = rows / rows.sum(1, keepdim=True).clamp(min=1e-9)
+    rows = reading.rows.float().tolist() if isinstance(reading.rows, Tensor) else reading.rows
+    if rows and rows[0]:
+        # each row normalised to sum 1, in Python lists: a torch call per word cost more than its arithmetic
+        rows = [[value / max(sum(row), 1e-9) for value in row] for row in rows]
+        width = len(rows[0])
         target_rows = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
-        # the few numbers per word in Python lists: a torch call per word cost more than its arithmetic
-        columns = rows[target_rows].sum(0).tolist() if target_rows else [0.0] * rows.size(1)
+        columns = [sum(column) for column in zip(*(rows[i] for i in target_rows))] if target_rows else [0.0] * width
         for word in source_content:
             column_mass[word] = sum(columns[p] for p in source_groups[word])
         if source_content:
-            # (target tokens, source words): each source word's pieces summed, one matmul
-            members = torch.zeros(rows.size(1), len(source_content))
-            for column, word in enumerate(source_content):
-                members[source_groups[word], column] = 1.0
-            by_word = (rows @ members).tolist()
+            # (target tokens, source words): each source word's pieces summed
+            by_word = [[sum(row[p] for p in source_groups[word]) for word in source_content] for row in rows]
             for word in target_content:
                 pieces = target_groups[word]
                 support[word] = max(

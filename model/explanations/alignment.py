@@ -11,16 +11,18 @@ from torch import Tensor
 Link = tuple[int, int]
 
 
-def attention_links(matrix: Tensor) -> list[Link]:
+def attention_links(matrix: Tensor | list[list[float]]) -> list[Link]:
     """Per target token, the source token with the highest weight, never the final source </s>.
 
     matrix (T, S): attention rows while predicting each target token (or `shift_rows` of them), the
     source's last position being its </s>.
     """
-    rows, width = matrix.shape
+    rows = matrix.float().tolist() if isinstance(matrix, Tensor) else matrix  # or the rows as host lists already
+    width = len(rows[0]) if rows else 0
     if width <= 1:
-        return [(0, t) for t in range(rows)]
-    best = matrix[:, : width - 1].float().argmax(dim=-1).tolist()
+        return [(0, t) for t in range(len(rows))]
+    # the first of equal maxima, as torch.argmax
+    best = [max(range(width - 1), key=row.__getitem__) for row in rows]
     return [(source, target) for target, source in enumerate(best)]
 
 

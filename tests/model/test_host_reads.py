@@ -5,9 +5,11 @@ CPU; bench/gpu/check.py counts them on a GPU), and that checking less often chan
 from __future__ import annotations
 
 import math
+import traceback
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from model import Translator
 from model.decoding import search
@@ -118,3 +120,42 @@ def test_explanations_compute_the_encoder_maps_only_when_asked(translator):
     assert torch.allclose(without.cross_attention, with_maps.cross_attention, atol=1e-5)  # SDPA vs explicit
     explained = translator.explain(translation.source_ids, translation.target_ids)
     assert explained.encoder_self_attention is None
+
+
+class HostReads(TorchFunctionMode):
+    """Counts what waits for a device: every .cpu(), .item(), .tolist(), .numpy() and Python conversion of a tensor,
+    except inside the search and the runtime (counted by search.host_reads and bench/gpu/check.py)."""
+
+    NAMES = frozenset({"cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.NAMES:
+            stack = traceback.extract_stack()
+            if not any(part in frame.filename for frame in stack for part in SEARCH_FILES):
+                self.reads.append(f"{func.__name__} at {stack[-2].filename}:{stack[-2].lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+SEARCH_FILES = ("model/decoding/", "model/runtime/")
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_work_after_a_decode_reads_the_device_at_most_twice_per_batch(beam_size):
+    """What a translator replica does with a batch after its search (Translator.translate's tokens, alignments and
+    word alignments, Translator.assess's trust signals; service/deployments.py's _decode_batch) reads the device
+    at most twice, whatever the batch's size: the results come to the host once and the rest is Python over them."""
+    translator = Translator.from_pretrained("en-zh", device=DEVICE)
+    texts = ["The cat sat on the mat.", "Where is the station?", "I would like a cup of tea, please.", "Thank you!",
+             "We went to school together yesterday.", "It is very cold today.", "", "My sister is a doctor."]
+    options = search.DecodingOptions(beam_size=beam_size, n_best=min(2, beam_size))
+    expected = translator.translate(texts, options)
+    with HostReads() as counter:
+        translations = translator.translate(texts, options)
+        translator.assess(translations, "fast", None, options)
+    assert len(counter.reads) <= 2, counter.reads
+    assert [t.alignment for t in translations] == [t.alignment for t in expected]
+    assert all(t.trust is not None for t in translations if t.target_ids)
