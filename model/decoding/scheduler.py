@@ -286,6 +286,18 @@ class RaggedCache:
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
+def _rows_gathered(
+    values: Tensor | None, members: list[tuple[int, DecodeRequest]], flags: list[bool], k: int
+) -> Tensor | None:
+    """The k rows of each flagged member's (first row, request) from `values`, in order, or None when none is."""
+    if values is None or not any(flags):
+        return None
+    if all(flags) and len(members) * k == values.size(0):
+        return values
+    index = [first + j for (first, _), flag in zip(members, flags, strict=True) if flag for j in range(k)]
+    return values.index_select(0, torch.tensor(index, device=values.device))
+
+
 def _rows_of(flags: list[bool], k: int) -> list[int]:
     """The rows (k per request, in order) of the requests whose flag is set."""
     return [g * k + j for g, flag in enumerate(flags) if flag for j in range(k)]
@@ -596,18 +608,25 @@ class Scheduler:
         new_rows = beam.gather(1, chosen)  # (G, k)
         tokens = token.gather(1, chosen)
         new_logprobs = token_logprob.gather(1, chosen)
-        host = to_host([beam, token, token_logprob, new_rows, tokens, new_logprobs, choice.done])  # a copy per dtype
-        done = host.pop().tolist()
+        # the maps the requests keep, only their rows, gathered on the device: they travel with the step's results
+        mapped = [attention is not None and (r.return_attention or r.on_token is not None) for _, r in members]
+        aligned = [alignment is not None and r.alignment_rows and not r.return_attention for _, r in members]
+        maps = _rows_gathered(attention, members, mapped, k)
+        rows = _rows_gathered(alignment, members, aligned, k)
+        host = to_host([beam, token, token_logprob, new_rows, tokens, new_logprobs, maps, rows, choice.done])
+        done = host.pop().tolist()  # one copy per dtype for the whole step, not one per request
+        maps = iter(host[6].split(k) if any(mapped) else ())
+        rows = iter(host[7].split(k) if any(aligned) else ())
         outcome: list[tuple[Tensor, Tensor] | None] = []
-        for g, (first, request) in enumerate(members):
+        for g, (_, request) in enumerate(members):
             request_attention = kept = None
             source_length = len(request.source_ids)
-            if attention is not None and (request.return_attention or request.on_token is not None):
-                request_attention = attention[first : first + k, ..., :source_length].cpu()  # (k, L, h, S)
+            if mapped[g]:
+                request_attention = next(maps)[..., :source_length]  # (k, L, h, S)
             if request.return_attention:
                 kept = request_attention
-            elif request.alignment_rows:
-                kept = alignment[first : first + k, :source_length].cpu()  # (k, S)
+            elif aligned[g]:
+                kept = next(rows)[:, :source_length]  # (k, S)
             request.steps.append(
                 StepRecord(
                     request.run_source_row, request.run_token, request.run_logprob,
