@@ -34,8 +34,8 @@ def matrices_to_lists(matrices: list[Tensor]) -> list[list[list[float]]]:
         return []
     rows = max(m.size(0) for m in matrices)
     columns = max(m.size(1) for m in matrices)
-    packed = torch.zeros(len(matrices), rows, columns, dtype=torch.float32)
-    for index, matrix in enumerate(matrices):
-        packed[index, : matrix.size(0), : matrix.size(1)] = matrix.detach().to("cpu", torch.float32)
+    packed = torch.zeros(len(matrices), rows, columns, dtype=torch.float32, device=matrices[0].device)
+    for index, matrix in enumerate(matrices):  # packed where they lie: only the `.tolist()` reads the device
+        packed[index, : matrix.size(0), : matrix.size(1)] = matrix.detach()
     nested = packed.tolist()
     return [[row[: m.size(1)] for row in nested[i][: m.size(0)]] for i, m in enumerate(matrices)]

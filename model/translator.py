@@ -431,13 +431,14 @@ class Translator:
         nbest_iter = iter(nbest_of_text)
         nbest = [[] if empty else next(nbest_iter) for empty in blank]
         # every hypothesis's alignment rows on the host in one read; what follows is Python over those lists
-        rows = iter(matrices_to_lists([self._read_rows(self._alignment_matrix(h)) for hs in nbest for h in hs]))
+        matrices = [self._alignment_matrix(h) for hs in nbest for h in hs]
+        aligned = iter(zip(matrices, matrices_to_lists([self._read_rows(m) for m in matrices]), strict=True))
         results = []
         for ids, hypotheses in zip(source_ids, nbest, strict=True):
             if not hypotheses:
                 results.append(blank_translation())
                 continue
-            built = [self._build(ids, h, return_attention, next(rows)) for h in hypotheses]
+            built = [self._build(ids, h, return_attention, *next(aligned)) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]
             results.append(best)
@@ -541,18 +542,17 @@ class Translator:
         return hypothesis.alignment_attention
 
     def _build(
-        self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool,
+        self, source_ids: list[int], hypothesis: Hypothesis, keep_attention: bool, matrix: Tensor | None = None,
         rows: list[list[float]] | None = None,
     ) -> Translation:
-        """A Translation of one hypothesis; `rows`: its alignment rows, read, as host lists where the caller made
-        them for a whole batch (model.host.matrices_to_lists), else made here."""
+        """A Translation of one hypothesis; `matrix` and `rows`: its alignment rows (`_alignment_matrix`) and the
+        same read, as host lists, where the caller made them for a whole batch, else made here."""
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(hypothesis.token_ids)
         attention = hypothesis.cross_attention
-        matrix = self._alignment_matrix(hypothesis)
-        if rows is None:
-            (rows,) = matrices_to_lists([self._read_rows(matrix)])
-        pairs, words = attention_links(rows), word_links(rows, source_tokens, target_tokens)
+        if matrix is None:
+            matrix = self._alignment_matrix(hypothesis)
+        pairs, words = self._alignments(matrix, source_tokens, target_tokens, rows)
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -702,10 +702,14 @@ class Translator:
             }
         return {"calibrated": True, "modes": list(TRUST_MODES), "fitted_on": self.calibration.fitted_on}
 
-    def _alignments(self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str]):
-        """Token and word alignments from the alignment head's (T, S) rows, read as the model declares."""
-        matrix = self._read_rows(matrix)
-        return attention_links(matrix), word_links(matrix, source_tokens, target_tokens)
+    def _alignments(
+        self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str], rows: list[list[float]] | None = None
+    ):
+        """Token and word alignments from the alignment head's (T, S) rows, read as the model declares (`rows`: that
+        reading as host lists, where the caller made them for a batch; else made here, in one read)."""
+        if rows is None:
+            (rows,) = matrices_to_lists([self._read_rows(matrix)])
+        return attention_links(rows), word_links(rows, source_tokens, target_tokens)
 
     def alignment_rows(self, source: str, target: str) -> AlignmentRows:
         """The alignment head's rows (read as the model declares) when `target` is forced after `source`:

@@ -185,7 +185,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
     rows = reading.rows.float().tolist() if isinstance(reading.rows, Tensor) else reading.rows
     if rows and rows[0]:
         # each row normalised to sum 1, in Python lists: a torch call per word cost more than its arithmetic
-        rows = [[value / max(sum(row), 1e-9) for value in row] for row in rows]
+        rows = [[value / total for value in row] for row, total in ((row, max(sum(row), 1e-9)) for row in rows)]
         width = len(rows[0])
         target_rows = [i for i, t in enumerate(reading.target_tokens) if not is_special_piece(t)]
         columns = [sum(column) for column in zip(*(rows[i] for i in target_rows))] if target_rows else [0.0] * width
