@@ -75,7 +75,6 @@ OURS = {
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
     "calls4": {"coalesce_max_calls": 4},  # a call queued behind the one decoding on each of the two replicas
-    "calls3": {"coalesce_max_calls": 3},
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 
@@ -89,13 +88,12 @@ def ours_config(name: str, port: int) -> dict:
     config = bench_config(port, None)
     changes = OURS[name]
     application = config["applications"][0]
-    if "scheduler" in changes:
-        application["args"]["scheduler"] = changes["scheduler"]
-    if "dtype" in changes:
-        for spec in application["args"]["models"]:
-            spec["dtype"] = changes["dtype"]
-    if "coalesce_max_calls" in changes:
-        application["args"]["coalesce_max_calls"] = changes["coalesce_max_calls"]
+    for key, value in changes.items():
+        if key == "dtype":  # per model
+            for spec in application["args"]["models"]:
+                spec["dtype"] = value
+        else:  # the app's own args (scheduler, coalesce_max_calls)
+            application["args"][key] = value
     return config
 
 

@@ -26,7 +26,8 @@ python3 -m pip install -q --target "$work/site" --python-version "${BUNDLE_PYTHO
   fastapi-offline sentencex python-multipart wcwidth
 # Everything ray[serve] and the service need travels, less the distributions the image holds
 # (bench/gpu/image_packages.txt; each removed by its own RECORD) and what the check never runs: py-spy, console
-# scripts, and the virtualenv and cryptography stacks of runtime environments and TLS. A keep-list of what to carry missed msgpack, which `import ray` needs; bench/gpu/rehearsal.sh
+# scripts, and the virtualenv and cryptography stacks of runtime environments and TLS. A keep-list of what to
+# carry missed msgpack, which `import ray` needs; bench/gpu/rehearsal.sh
 # runs the bundle on exactly the listed packages, so a gap shows up on this machine rather than on a lent one.
 mv "$work/site" "$work/slim"
 python3 - "$work/slim" bench/gpu/image_packages.txt <<'PY'
