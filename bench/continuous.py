@@ -172,12 +172,7 @@ def closed_loop_comparison(
             return run
 
         scheduler._admit = timed("admit (encoder, join)", scheduler._admit)
-        if scheduler.loop is not None:  # the compiled loop: its step is one call (decoder, search, bookkeeping)
-            scheduler.loop = _TimedLoop(scheduler.loop, timed)
-        else:  # the eager step's ragged rows, stepped from Python
-            scheduler._advance_group = timed("search (beam_step, bookkeeping)", scheduler._advance_group)
-            scheduler._keep_rows = timed("keep rows (cache gathers)", scheduler._keep_rows)
-            scheduler.decoder_step.decode_rows = timed("decoder step", scheduler.decoder_step.decode_rows)
+        scheduler.loop = _TimedLoop(scheduler.loop, timed)  # its step is one call: decoder, search, row moves
         queue, in_flight = list(ids), 0
         while queue or in_flight:
             while queue and in_flight < outstanding:
@@ -215,7 +210,7 @@ def closed_loop_comparison(
 
 
 class _TimedLoop:
-    """The compiled decode loop with its `step` timed as one phase (it runs decoder, search and row moves)."""
+    """The decode loop (compiled or Python) with its `step` timed as one phase (decoder, search and row moves)."""
 
     def __init__(self, loop, timed) -> None:
         self._loop = loop

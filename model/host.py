@@ -21,6 +21,22 @@ def copy_to_host(tensors: list[Tensor | None]) -> tuple[list[Tensor | None], int
     return out, len(by_dtype)
 
 
+def packed_to_host(tensors: list[Tensor | None], every: bool = False) -> tuple[list[Tensor | None], int]:
+    """The CPU copies of `tensors` (None stays None) in one transfer whatever their dtypes, and how many transfers
+    that took (0 or 1): every device tensor travels as float32 in one packed vector and is cast back on the host.
+    Exact for floating values of at most float32's precision and for integers and flags below 2**24 (token ids,
+    beam indices, back-references): what a decode loop's step brings back. every: pack tensors already on the CPU
+    too (how the tests take this path without a device)."""
+    out: list[Tensor | None] = list(tensors)
+    moving = [i for i, tensor in enumerate(tensors) if tensor is not None and (every or tensor.device.type != "cpu")]
+    if not moving:
+        return out, 0
+    flat = torch.cat([tensors[i].reshape(-1).to(torch.float32) for i in moving]).cpu()
+    for i, part in zip(moving, flat.split([tensors[i].numel() for i in moving]), strict=True):
+        out[i] = part.view(tensors[i].shape).to(tensors[i].dtype)
+    return out, 1
+
+
 def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
     """`copy_to_host` without the count."""
     return copy_to_host(tensors)[0]

@@ -34,7 +34,7 @@ ENGINE_TESTS = [
     "tests/model/test_pretrained.py", "tests/model/test_options.py", "tests/model/test_graph_step.py",
 ]
 STEP_CAPACITY = 40  # decoding steps the timed caches hold (the graph step's bucket: 64)
-PER_BATCH_SYNCS = 8  # syncs a batch may make besides its checks: padding test, index uploads, the final copies
+PER_BATCH_SYNCS = 8  # syncs a batch may make besides its steps' copies: padding test, index uploads
 NOOP_PREFIX = "/noop"  # bench.noop's app beside ours: what Ray Serve alone answers under the same load
 COLUMNS = {"en-zh": 0, "zh-en": 1}  # source column of each shipped model in the dev TSV (English, Chinese)
 FALLBACK = {
@@ -152,18 +152,21 @@ def stage_agreement(stages: Stages, device: str, data: Path, count: int) -> dict
 
 
 @torch.inference_mode()
-def time_steps(step, encoder, rows: int, start_id: int, steps: int, reorder: bool, device: str) -> float:
-    """Milliseconds per `decode_step` of `step` on `rows` rows over `steps` steps (one sync at the end); with
-    `reorder`, beam search's per-step move of the rows (within their sources) before each."""
-    cache = step.start_cache(encoder, capacity=STEP_CAPACITY)  # one bucket for every timing
+def time_steps(step, cache, encoder, rows: int, start_id: int, steps: int, reorder: bool, device: str) -> float:
+    """Milliseconds per `decode_rows` of `step` on `rows` rows of `cache` (emptied and joined again: the graph step's
+    StaticRows keep their storage and graphs) over `steps` steps (one sync at the end); with `reorder`, beam
+    search's per-step move of the rows (within their sources) before each."""
+    cache.clear()
+    keys, values = step.cross_key_values(encoder.hidden, 1)
+    cache.join(keys, values, encoder.mask, STEP_CAPACITY, encoder.mask.sum(dim=1).tolist())
     last = torch.full((rows,), start_id, dtype=torch.long, device=encoder.hidden.device)
     same = torch.arange(rows, device=encoder.hidden.device)
     synchronize(device)
     started = time.perf_counter()
     for _ in range(steps):
         if reorder:
-            cache.reorder(same, same_sources=True)
-        step.decode_step(last, cache)
+            cache.keep(same, same_sources=True)
+        step.decode_rows(last, cache)
     synchronize(device)
     return 1000 * (time.perf_counter() - started) / steps
 
@@ -175,9 +178,10 @@ def synchronize(device: str) -> None:
 
 @torch.inference_mode()
 def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
-    """The decoder step eagerly against its CUDA graph replay (model/runtime/graphs.py) from 1 to 256 rows, in
-    float32 and float16; what capturing costs; the encoder's time (whether capturing it too would pay); and the
-    ids of both steps on the dev sentences."""
+    """The decoder step (the decode loop's rows) eagerly against its CUDA graph replay (model/runtime/graphs.py) from 1
+    to 256 rows, in float32 and float16; what capturing costs; the encoder's time (whether capturing it too would
+    pay); and the ids of both steps on the dev sentences."""
+    from model.decoding.rows import RaggedCache
     from model.runtime import EagerStep
     from model.runtime.step import GraphStep
     from model.transformer import EncoderOutput
@@ -189,6 +193,7 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
         model = translator.model
         start_id = model.config.decoder_start_token_id
         eager, graph = EagerStep(model), GraphStep(model, capture=device == "cuda")
+        caches = {"eager": RaggedCache(model), "graph": graph.rows_cache()}
         for rows in (1, 8, 32, 64, 256):
             ids = translator.encode_source(texts[:rows])
             width = max(map(len, ids))
@@ -205,16 +210,17 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
             encoder_ms = 1000 * (time.perf_counter() - began) / 5
             encoder = EncoderOutput(hidden, mask)
             began = time.perf_counter()
-            time_steps(graph, encoder, rows, start_id, 2, False, device)  # captures this bucket's plain step
-            time_steps(graph, encoder, rows, start_id, 2, True, device)  # and its beam-move variant
+            time_steps(graph, caches["graph"], encoder, rows, start_id, 2, False, device)  # captures the plain step
+            time_steps(graph, caches["graph"], encoder, rows, start_id, 2, True, device)  # and its beam-move variant
             capture_ms = 1000 * (time.perf_counter() - began)
             figures = {"encoder_ms": encoder_ms, "first_steps_with_capture_ms": capture_ms}
             for name, step in (("eager", eager), ("graph", graph)):
-                time_steps(step, encoder, rows, start_id, 4, False, device)
-                figures[f"{name}_ms"] = min(time_steps(step, encoder, rows, start_id, 32, False, device)
+                cache = caches[name]
+                time_steps(step, cache, encoder, rows, start_id, 4, False, device)
+                figures[f"{name}_ms"] = min(time_steps(step, cache, encoder, rows, start_id, 32, False, device)
                                             for _ in range(3))
-                figures[f"{name}_beam_move_ms"] = min(time_steps(step, encoder, rows, start_id, 32, True, device)
-                                                      for _ in range(3))
+                figures[f"{name}_beam_move_ms"] = min(
+                    time_steps(step, cache, encoder, rows, start_id, 32, True, device) for _ in range(3))
             key = f"{dtype} rows={rows}"
             out[key] = figures
             ok = figures["graph_ms"] <= 0.4 if rows <= 64 else None
@@ -250,12 +256,14 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
     return out
 
 
-def count_reads(translator: Translator, ids: list[list[int]], beam: int, check_every: int, device: str) -> dict:
-    """Host reads (the search's counter) and CUDA synchronisations (torch's sync debug mode) of one batch."""
+def count_reads(translator: Translator, ids: list[list[int]], beam: int, device: str) -> dict:
+    """Host reads (the decode loop's counter) and CUDA synchronisations (torch's sync debug mode) of one batch."""
+    from model.decoding import loop
+
     options = search.DecodingOptions(beam_size=beam, max_new_tokens=32, min_new_tokens=32)
     step = translator.step  # what the service decodes with (on a GPU: the CUDA graph step)
-    search.beam_search(translator.model, ids, options, check_every=check_every, step=step)  # warm-up
-    before = search.host_reads
+    search.beam_search(translator.model, ids, options, step=step)  # warm-up
+    before = loop.host_reads
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if device == "cuda":
@@ -263,7 +271,7 @@ def count_reads(translator: Translator, ids: list[list[int]], beam: int, check_e
             torch.cuda.set_sync_debug_mode("warn")
         try:
             started = time.perf_counter()
-            nbest = search.beam_search(translator.model, ids, options, check_every=check_every, step=step)
+            nbest = search.beam_search(translator.model, ids, options, step=step)
             if device == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - started
@@ -272,7 +280,7 @@ def count_reads(translator: Translator, ids: list[list[int]], beam: int, check_e
                 torch.cuda.set_sync_debug_mode("default")
     syncs = sum("synchroniz" in str(w.message) for w in caught)
     steps = max(len(h[0].token_ids) for h in nbest)
-    return {"steps": steps, "reads": search.host_reads - before, "syncs": syncs, "ms_per_step": 1000 * wall / steps}
+    return {"steps": steps, "reads": loop.host_reads - before, "syncs": syncs, "ms_per_step": 1000 * wall / steps}
 
 
 def stage_reads(stages: Stages, device: str, data: Path) -> dict:
@@ -280,17 +288,15 @@ def stage_reads(stages: Stages, device: str, data: Path) -> dict:
     out = {}
     for beam, batch in ((1, 32), (4, 8)):
         ids = translator.encode_source(sentences(data, "en-zh", batch))
-        for check_every in (1, search.CHECK_EVERY_GPU):
-            figure = count_reads(translator, ids, beam, check_every, device)
-            name = f"{'greedy' if beam == 1 else 'beam 4'} B={batch}, check every {check_every}"
-            out[name] = figure
-            per_step = figure["syncs"] / figure["steps"]
-            # one per check, plus a few per batch: the padding test, the final copies (one per dtype)
-            allowed = figure["steps"] / check_every + PER_BATCH_SYNCS
-            stages.row("reads", f"{name}: syncs per step", f"{per_step:.2f} ({figure['syncs']} in {figure['steps']} "
-                       f"steps; search reads {figure['reads']}; {figure['ms_per_step']:.2f} ms/step)",
-                       f"(≤ {allowed:.0f}: 1 per {check_every} steps + {PER_BATCH_SYNCS} per batch)",
-                       figure["syncs"] <= allowed)
+        figure = count_reads(translator, ids, beam, device)
+        name = f"{'greedy' if beam == 1 else 'beam 4'} B={batch}"
+        out[name] = figure
+        per_step = figure["syncs"] / figure["steps"]
+        # one per step (the step's results in one packed copy), plus a few per batch: the encoder's padding
+        allowed = figure["steps"] + PER_BATCH_SYNCS
+        stages.row("reads", f"{name}: syncs per step", f"{per_step:.2f} ({figure['syncs']} in {figure['steps']} "
+                   f"steps; loop reads {figure['reads']}; {figure['ms_per_step']:.2f} ms/step)",
+                   f"(≤ {allowed:.0f}: 1 per step + {PER_BATCH_SYNCS} per batch)", figure["syncs"] <= allowed)
     return out
 
 

@@ -1,2 +1,3 @@
-"""Decoding: the batched search over a KV cache (search.py) and the continuous scheduler's rows joining and leaving
-at every step (scheduler.py), both stepping through model.runtime's compiled or eager step."""
+"""Decoding: the batched search (search.py) and the continuous scheduler (scheduler.py), both on one decode loop
+(loop.py: the compiled loop of model.runtime's compiled step, or the same loop in Python over the eager or graph
+step, its rows in rows.py's ragged cache), each request stepping through beam.py's beam step."""

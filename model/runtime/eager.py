@@ -108,7 +108,7 @@ def layer_step(
     query = own.split_heads(own.q_proj(x))  # (N, h, 1, d_k)
     key, value = own.project_key_value(x)  # (N, h, 1, d_k) each
     self_key, self_value = cache.append(index, key, value)  # (N, h, t, d_k)
-    # cache.self_mask: None when every row is at the same position (model.decoding.scheduler's ragged rows set it)
+    # cache.self_mask: None when every row is at the same position (model.decoding.rows.RaggedCache sets it)
     attended, _ = attend_one(own, query, self_key, self_value, cache.self_mask, False)
     x = _layer_norm(layer.self_attn_layer_norm, x + attended)
     cross = layer.encoder_attn
@@ -185,7 +185,7 @@ def step_layers(
 ) -> tuple[Tensor, list[Tensor] | None]:
     """Every decoder layer's `layer_step` on one new position per row x (N, 1, d_model): the last hidden state and,
     when asked, each layer's cross-attention (N, h, S).
-    `decode_step` and the continuous scheduler's ragged step (model.runtime's EagerStep.decode_rows) both run it."""
+    `decode_step` and the decode loop's ragged step (model.runtime's EagerStep.decode_rows) both run it."""
     cross_attention = [] if need_weights else None
     for i, layer in enumerate(model.decoder_layers):
         x, weights = layer_step(layer, x, cache, i, need_weights)

@@ -2,32 +2,29 @@
 
 A small model's step on a GPU is bound by kernel launches, not arithmetic: three decoder layers are about a hundred
 small kernels, each a few microseconds of Python and driver work. `GraphStep` runs the same step (model/runtime/
-eager.py's `step_layers`, the reference) over buffers whose shapes do not change while a search runs: rows,
-decode capacity and source length rounded up to buckets, the self-attention K/V written in place at a position held
-on the device, every row attending over the whole capacity with the positions not yet written masked. Shapes fixed,
-the whole step (row moves included) is captured once per bucket as a `torch.cuda.CUDAGraph` and replayed with one
-launch. Off a GPU, or where capture fails, the same static step runs eagerly: that is how the CPU tests it.
+eager.py's `step_layers`, the reference) for the decode loop's rows (model/decoding/loop.py) over buffers whose
+shapes do not change while rows join and leave (`StaticRows`): rows, decode capacity and source length rounded up to
+buckets, each row's self-attention K/V written in place at its own position held on the device, every row attending
+over the whole capacity with the positions it has not reached masked. Shapes fixed, the whole step (row moves
+included) is captured once per row bucket as a `torch.cuda.CUDAGraph` and replayed with one launch. Off a GPU, or
+where capture fails, the same static step runs eagerly: that is how the CPU tests it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from model.runtime import eager
-from model.transformer import EncoderOutput, Transformer
+from model.transformer import Transformer
 
 logger = logging.getLogger("model.runtime")
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows a graph is captured for; beyond: multiples of the last
 LENGTH_BUCKETS = (16, 32, 64, 128, 256)  # decode capacities and source lengths; beyond: multiples of the last
-BUCKET_MEMORY = 2 * 2**30  # bytes the buckets' buffers may hold together; the least recently used go beyond it
 
 
 def bucket(count: int, buckets: tuple[int, ...]) -> int:
@@ -52,210 +49,26 @@ class Shape:
 
 @dataclass(frozen=True)
 class Variant:
-    """What one replay does besides the step: move rows first (`gather`: "none", the self-attention K/V only
-    ("self": beams reordered within their sources), or every per-row buffer ("all": inputs left)), and keep the
-    cross-attention weights (`weights`)."""
+    """What one replay does besides the step: move the rows' self-attention K/V first (`gather`: "none" or "self",
+    as `StaticRows.keep` left them), and keep the cross-attention weights (`weights`)."""
 
     gather: str
     weights: bool
 
 
-class StaticCache:
-    """Every buffer one static step reads and writes, at one `Shape`; what the search holds as its cache.
-
-    The search sees `length` (steps taken), `capacity` and `rows` (rows in use, ≤ shape.rows) and calls `reorder`
-    as it does the eager DecoderCache; the moves are recorded in `parents` and done by the next step, on the
-    device, inside its graph. Rows past `rows` are padding: they decode harmlessly (their source mask is open, their
-    K/V finite) and are never read.
-    """
-
-    def __init__(self, model: Transformer, shape: Shape, device: torch.device, dtype: torch.dtype) -> None:
-        layer = model.decoder_layers[0].self_attn
-        layers, heads, d_k = len(model.decoder_layers), layer.heads, layer.d_k
-        self.shape = shape
-        rows = shape.rows
-        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.position = torch.zeros((), dtype=torch.long, device=device)  # the step being decoded, on the device
-        self.identity = torch.arange(rows, device=device)
-        self.parents = self.identity.clone()  # row r continues old row parents[r] (the next step moves it)
-        self.steps = torch.arange(shape.capacity, device=device)
-        self.self_key = [torch.zeros(rows, heads, shape.capacity, d_k, device=device, dtype=dtype)
-                         for _ in range(layers)]
-        self.self_value = [torch.zeros_like(b) for b in self.self_key]
-        self.cross_key = [torch.zeros(rows, heads, shape.source, d_k, device=device, dtype=dtype)
-                          for _ in range(layers)]
-        self.cross_value = [torch.zeros_like(b) for b in self.cross_key]
-        self.source_mask = torch.zeros(rows, 1, 1, shape.source, device=device, dtype=dtype)  # additive
-        self.spare_self = torch.empty_like(self.self_key[0])  # where a gather lands before it is copied back
-        self.spare_cross = torch.empty_like(self.cross_key[0])
-        self.spare_mask = torch.empty_like(self.source_mask)
-        vocabulary = model.output_weight.size(0)
-        self.logits = torch.zeros(rows, vocabulary, device=device, dtype=dtype)
-        self.weights = torch.zeros(layers, rows, heads, shape.source, device=device, dtype=dtype)
-        self.self_mask: Tensor | None = None  # set by each step: the positions written so far (eager.layer_step)
-        self.length = 0
-        self.capacity = 0
-        self.rows = 0
-        self.pending = "none"  # the gather the next step must do first
-        self.bytes = sum(t.numel() * t.element_size() for t in (
-            *self.self_key, *self.self_value, *self.cross_key, *self.cross_value, self.source_mask, self.spare_self,
-            self.spare_cross, self.spare_mask, self.logits, self.weights))
-
-    # ---- the search's view (eager.DecoderCache's) ----
-    @torch.inference_mode()
-    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
-        """Row r becomes old row index[r], at the next step. same_sources: every row keeps a row of its own
-        source and the count stays (beams reordered), so only the self-attention K/V move."""
-        count = index.numel()
-        self.parents[:count].copy_(index)
-        self.pending = "self" if same_sources and count == self.rows and self.pending != "all" else "all"
-        self.rows = count
-
-    # ---- the step's view (eager.layer_step's) ----
-    def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Write one step's K/V (rows, h, 1, d_k) of `layer` at the device-held position; every position's K/V
-        back (the ones not written yet are masked by `self_mask`)."""
-        at = self.position.view(1)
-        self.self_key[layer].index_copy_(2, at, key)
-        self.self_value[layer].index_copy_(2, at, value)
-        return self.self_key[layer], self.self_value[layer]
-
-    def start(self, model: Transformer, encoder: EncoderOutput, capacity: int, beams: int) -> None:
-        """Fill the buffers for a new search: the sources' cross-attention K/V on their `beams` rows, their
-        padding masked, nothing decoded yet."""
-        keys, values = eager.cross_key_values(model, encoder.hidden, beams)
-        rows, source = keys[0].size(0), keys[0].size(2)
-        for buffers, computed in ((self.cross_key, keys), (self.cross_value, values)):
-            for buffer, part in zip(buffers, computed, strict=True):
-                buffer.zero_()
-                buffer[:rows, :, :source].copy_(part)
-        for buffers in (self.self_key, self.self_value):
-            for buffer in buffers:  # stale K/V are masked, but must be finite: 0 × inf is nan
-                buffer.zero_()
-        open_positions = encoder.mask.repeat_interleave(beams, dim=0)  # (rows, S) True at real tokens
-        self.source_mask.zero_()
-        self.source_mask[:rows, 0, 0, :source].masked_fill_(~open_positions, torch.finfo(self.source_mask.dtype).min)
-        self.source_mask[:rows, 0, 0, source:] = torch.finfo(self.source_mask.dtype).min
-        self.position.zero_()
-        self.parents.copy_(self.identity)
-        self.ids.zero_()
-        self.length, self.capacity, self.rows, self.pending = 0, capacity, rows, "none"
-
-
-def static_step(model: Transformer, cache: StaticCache, variant: Variant) -> None:
-    """One decoder step for every row of `cache` at fixed shapes, written into `cache.logits` (and
-    `cache.weights`): the moves `reorder` asked for, the embedding of `cache.ids` at `cache.position`, every
-    decoder layer (eager.step_layers, the reference step), the output projection; then the position advances. No
-    host reads and no shape that depends on the step: a CUDA graph can hold it."""
-    if variant.gather != "none":
-        moved = [(b, cache.spare_self) for b in (*cache.self_key, *cache.self_value)]
-        if variant.gather == "all":
-            moved += [(b, cache.spare_cross) for b in (*cache.cross_key, *cache.cross_value)]
-            moved.append((cache.source_mask, cache.spare_mask))
-        for buffer, spare in moved:
-            torch.index_select(buffer, 0, cache.parents, out=spare)
-            buffer.copy_(spare)
-        cache.parents.copy_(cache.identity)
-    hidden_dtype = model.positions.dtype
-    embedded = model.decoder_embed_tokens(cache.ids[:, None]).to(hidden_dtype) * model.embed_scale  # (R, 1, d)
-    x = embedded + model.positions.index_select(0, cache.position.view(1))  # (R, 1, d)
-    written = cache.steps <= cache.position  # (T,) the positions with K/V
-    cache.self_mask = torch.zeros(1, 1, 1, cache.shape.capacity, device=x.device, dtype=x.dtype).masked_fill_(
-        ~written, torch.finfo(x.dtype).min
-    )
-    x, cross_attention = eager.step_layers(model, x, cache, variant.weights)
-    cache.logits.copy_(model.logits(x[:, 0]))
-    if variant.weights:
-        torch.stack(cross_attention, out=cache.weights)  # (L, R, h, S)
-    cache.position.add_(1)
-
-
-@dataclass
-class _Bucket:
-    """One shape's buffers, the graphs captured on them, and the search that holds them now."""
-
-    cache: StaticCache
-    graphs: dict[Variant, torch.cuda.CUDAGraph] = field(default_factory=dict)
-    holder: weakref.ref | None = None  # the search's handle while it runs
-
-
-class StaticHandle:
-    """What a search holds as its cache: the bucket's StaticCache (its `reorder`, `length`, `capacity`, `rows`),
-    while it is alive the bucket is busy for other searches."""
-
-    def __init__(self, cache: StaticCache) -> None:
-        self.cache = cache
-
-    def __getattr__(self, name: str):
-        return getattr(self.cache, name)
-
-
 class GraphSteps:
-    """The static step's buckets on one model: buffers per shape, graphs per variant, captured on first use (on a
-    GPU; `capture=False` or a failed capture runs the static step eagerly, as on a CPU)."""
+    """The graphs of one model's static rows step: captured on first use per row bucket and variant (on a GPU;
+    `capture=False` or a failed capture runs the static step eagerly, as on a CPU)."""
 
-    def __init__(self, model: Transformer, capture: bool, memory: int = BUCKET_MEMORY) -> None:
+    def __init__(self, model: Transformer, capture: bool) -> None:
         self.model = model
         self.capture = capture
-        self.memory = memory
-        self.buckets: OrderedDict[Shape, _Bucket] = OrderedDict()  # least recently used first
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captured = 0
         self.failure: str | None = None
-        self._lock = threading.Lock()
-
-    def start_cache(self, encoder: EncoderOutput, capacity: int, beams: int) -> StaticHandle | None:
-        """A bucket's cache filled for a new search, or None when its bucket is held by a search still running
-        (the caller then decodes on an eager cache)."""
-        rows = encoder.hidden.size(0) * beams
-        shape = Shape.holding(rows, capacity, encoder.hidden.size(1))
-        with self._lock:
-            entry = self.buckets.get(shape)
-            if entry is not None and entry.holder is not None and entry.holder() is not None:
-                return None
-            if entry is None:
-                model = self.model
-                entry = _Bucket(StaticCache(model, shape, encoder.hidden.device, model.positions.dtype))
-                self.buckets[shape] = entry
-                self._evict(keep=shape)
-            self.buckets.move_to_end(shape)
-            handle = StaticHandle(entry.cache)
-            entry.holder = weakref.ref(handle)
-        entry.cache.start(self.model, encoder, capacity, beams)
-        return handle
-
-    def _evict(self, keep: Shape) -> None:
-        """Free the least recently used buckets no search holds (buffers and graphs) while they hold more than
-        `memory` bytes together."""
-        held = sum(entry.cache.bytes for entry in self.buckets.values())
-        for shape in list(self.buckets):
-            if held <= self.memory:
-                return
-            entry = self.buckets[shape]
-            if shape == keep or (entry.holder is not None and entry.holder() is not None):
-                continue
-            held -= entry.cache.bytes
-            del self.buckets[shape]
-
-    def run(self, cache: StaticCache, weights: bool) -> None:
-        """One step on `cache`: its graph's replay, captured now if this variant has none yet."""
-        variant = Variant(cache.pending, weights)
-        cache.pending = "none"
-        if not self.capture:
-            static_step(self.model, cache, variant)
-            return
-        entry = self.buckets[cache.shape]
-        graph = entry.graphs.get(variant)
-        if graph is None:
-            graph = self._captured(lambda: static_step(self.model, cache, variant), cache.shape)
-            if graph is None:
-                static_step(self.model, cache, variant)
-                return
-            entry.graphs[variant] = graph
-        graph.replay()
 
     def run_rows(self, cache: StaticRows, weights: bool) -> None:
-        """One step for the continuous scheduler's rows: the replay of their row bucket's graph (captured now if
+        """One step for the decode loop's rows: the replay of their row bucket's graph (captured now if
         this bucket and variant have none on this storage yet)."""
         rows = bucket(cache.rows, ROW_BUCKETS)
         variant = Variant(cache.pending, weights)
@@ -275,18 +88,18 @@ class GraphSteps:
 
     def _captured(self, step, shape: Shape) -> torch.cuda.CUDAGraph | None:
         """`step` (a static step on buffers of `shape`) captured as a graph without running it (the buffers'
-        state is the search's and must not move). The first capture warms the libraries up on a scratch cache of
+        state is the loop's and must not move). The first capture warms the libraries up on scratch rows of
         that shape, so that nothing initialises inside a capture. None, with the reason logged once, when capture
         fails; every later step then runs eagerly."""
         try:
             if self.captured == 0:
-                model = self.model
-                scratch = StaticCache(model, shape, model.final_logits_bias.device, model.positions.dtype)
+                scratch = StaticRows(self.model)
+                scratch._allocate(shape)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     for _ in range(2):
-                        static_step(self.model, scratch, Variant("all", True))
+                        rows_step(self.model, scratch, shape.rows, Variant("self", True))
                 torch.cuda.current_stream().wait_stream(stream)
                 del scratch
             graph = torch.cuda.CUDAGraph()
@@ -304,7 +117,7 @@ class GraphSteps:
 
 
 class StaticRows:
-    """The continuous scheduler's rows (model.decoding.scheduler) on fixed buffers, for the graph step: rows of
+    """The decode loop's rows (model.decoding.loop) on fixed buffers, for the graph step: rows of
     different requests at different positions, joining and leaving between steps, as RaggedCache holds them, with
     the same `join`, `keep`, `clear` and `rows`, but every buffer allocated at bucketed capacity (rows, decode
     positions, source positions), each row's position held on the device, and the moves of self-attention K/V done

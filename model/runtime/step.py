@@ -1,8 +1,9 @@
 """The decoding steps: the compiled step (the extension model/runtime/extension.py builds and loads) with its kernels
 chosen on the running machine, the eager step it falls back to, and on a GPU the eager step's CUDA graphs. The
 compiled step's `new_loop` is the decode loop every search runs on it (csrc/decoding.h: requests join and leave
-between steps; a static batch joins at once); the eager step exposes `decode_step` (the static search's cache) and
-`decode_rows` (the continuous scheduler's ragged rows), which model/decoding drives from Python."""
+between steps; a static batch joins at once); the eager and graph steps expose `decode_rows` (one step for the decode
+loop's ragged rows), which model/decoding/loop.py's Loop, the same loop in Python, drives. Every step also has
+`start_cache`/`decode_step` (one source, one position at a time), which `forced_pass` runs for explanations."""
 
 from __future__ import annotations
 
@@ -48,11 +49,11 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search and the
-    scheduler drive its `decode_step`/`decode_rows` from Python (it has no compiled decode loop)."""
+    """The lecture model's own step (model/transformer.py): the reference, and the fallback. model/decoding/loop.py's
+    Loop drives its `decode_rows` from Python (it has no compiled decode loop)."""
 
-    new_loop = None  # no compiled decode loop: the search and the scheduler drive decode_step/decode_rows
-    rows_cache = None  # the continuous scheduler keeps its own ragged rows (model.decoding.scheduler.RaggedCache)
+    new_loop = None  # no compiled decode loop: model/decoding/loop.py's Loop drives decode_rows
+    rows_cache = None  # the loop keeps its rows in its own ragged cache (model.decoding.rows.RaggedCache)
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -65,8 +66,8 @@ class EagerStep:
         return eager.cross_key_values(self.model, hidden, beams)
 
     def start_cache(self, encoder, capacity: int, beams: int = 1):
-        """The cache `decode_step` runs on: the sources' cross-attention K/V on their `beams` rows, room for
-        `capacity` steps (eager.start_cache)."""
+        """The cache `decode_step` runs on (a forced pass): the sources' cross-attention K/V on their `beams` rows,
+        room for `capacity` steps (eager.start_cache)."""
         return eager.start_cache(self.model, encoder, capacity, beams)
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
@@ -74,9 +75,8 @@ class EagerStep:
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """One decoder step for every row of the continuous scheduler's ragged cache
-        (model.decoding.scheduler.RaggedCache) at its own position: logits (N, V), cross-attention per layer
-        (N, h, S)."""
+        """One decoder step for every row of the decode loop's ragged cache (model.decoding.rows.RaggedCache) at its
+        own position: logits (N, V), cross-attention per layer (N, h, S)."""
         model = self.model
         cache.prepare()
         embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
@@ -87,11 +87,11 @@ class EagerStep:
 
 
 class GraphStep(EagerStep):
-    """The eager step at static shapes (model/runtime/graphs.py): the search's cache is a bucket's fixed buffers and
-    each `decode_step` is one CUDA graph replay on a GPU (`capture`; None: when the model is on one), or the same
-    static step run eagerly (a CPU, or where capture failed). The ids equal EagerStep's. The continuous
-    scheduler's rows live on fixed buffers too (`rows_cache`, graphs.StaticRows): each `decode_rows` is one replay
-    of its row bucket's graph, so rows join and leave between steps at the graph's speed."""
+    """The eager step at static shapes (model/runtime/graphs.py): the decode loop's rows live on fixed buffers
+    (`rows_cache`, graphs.StaticRows) and each `decode_rows` is one CUDA graph replay of its row bucket's step on a
+    GPU (`capture`; None: when the model is on one), or the same static step run eagerly (a CPU, or where capture
+    failed), so rows join and leave between steps at the graph's speed. The ids equal EagerStep's. A forced pass
+    runs on EagerStep's cache."""
 
     def __init__(self, model, capture: bool | None = None, reason: str = "", precision: str | None = None) -> None:
         on_gpu = model.final_logits_bias.device.type == "cuda"
@@ -102,36 +102,13 @@ class GraphStep(EagerStep):
         ), precision)
         self.graphs = graphs.GraphSteps(model, capture)
 
-    @torch.inference_mode()
-    def start_cache(self, encoder, capacity: int, beams: int = 1):
-        """A bucket's static buffers filled for this search; the eager cache when the bucket is held by another
-        search still running (two searches at once on one model)."""
-        handle = self.graphs.start_cache(encoder, capacity, beams)
-        return handle if handle is not None else super().start_cache(encoder, capacity, beams)
-
-    @torch.inference_mode()
-    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`EagerStep.decode_step` on a static cache: logits (N, V) (valid until the next step) and cross-attention
-        per layer (N, h, S)."""
-        if not isinstance(cache, graphs.StaticHandle):
-            return super().decode_step(last_ids, cache, need_weights)
-        static = cache.cache
-        step = static.length
-        eager.check_room(self.model, step, static.capacity)
-        count = last_ids.size(0)
-        static.ids[:count].copy_(last_ids)
-        self.graphs.run(static, need_weights)
-        static.length = step + 1
-        cross = list(static.weights[:, :count].clone().unbind(0)) if need_weights else None
-        return static.logits[:count], cross
-
     def rows_cache(self) -> graphs.StaticRows:
-        """The continuous scheduler's rows on fixed buffers (in place of its RaggedCache)."""
+        """The decode loop's rows on fixed buffers (in place of its RaggedCache)."""
         return graphs.StaticRows(self.model)
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`EagerStep.decode_rows` on the scheduler's static rows: logits (N, V) and cross-attention per layer
+        """`EagerStep.decode_rows` on the loop's static rows: logits (N, V) and cross-attention per layer
         (N, h, S at the storage's source width, padding weighted 0), both valid until the next step."""
         if not isinstance(cache, graphs.StaticRows):
             return super().decode_rows(last_ids, cache, need_weights)

@@ -82,8 +82,8 @@ def assert_same(got, expected, context) -> None:
 
 def run_interleaved(seed: int, beams: tuple[int, ...], max_rows: list[int], static: bool = False) -> list[list]:
     """Random requests (see random_requests) through one scheduler, each checked against decoding it alone;
-    returns the running requests after every step, each as its place in the order of submission (the queue is
-    first in, first out: without moves the running order would be increasing). static: the rows on the graph
+    returns the loop's requests in row order after every step, each as its place in the order of submission (the
+    queue is first in, first out: without moves the row order would be increasing). static: the rows on the graph
     step's fixed buffers (model/runtime/graphs.py StaticRows; CUDA graphs where the tests run on a GPU)."""
     rng = random.Random(seed)
     model = random_model(seed).to(DEVICE)
@@ -106,7 +106,8 @@ def run_interleaved(seed: int, beams: tuple[int, ...], max_rows: list[int], stat
             submitted[index] = scheduler.submit(source, options, return_attention=True)
             place[id(submitted[index])] = len(place)
         scheduler.step()
-        orders.append([place[id(request)] for request in scheduler.running])
+        by_loop_id = {request.loop_id: place[id(request)] for request in submitted.values()}
+        orders.append([by_loop_id[request.id] for request in scheduler.loop.requests])  # the loop's row order
         most_rows = max(most_rows, scheduler.rows)
         step += 1
         assert step < 2_000
@@ -150,15 +151,15 @@ def test_static_rows_keep_their_storage_while_rows_come_and_go():
     for source, options in requests[:8]:
         scheduler.submit(source, options)
     scheduler.step()
-    storage = scheduler.cache.self_key[0].data_ptr()
+    storage = scheduler.loop.cache.self_key[0].data_ptr()
     shapes = set()
     for source, options in requests[8:]:
         scheduler.submit(source, options)
         scheduler.step()
-        shapes.add(scheduler.cache.shape)
-        assert scheduler.cache.self_key[0].data_ptr() == storage
+        shapes.add(scheduler.loop.cache.shape)
+        assert scheduler.loop.cache.self_key[0].data_ptr() == storage
     scheduler.run()
-    assert shapes == {scheduler.cache.shape}
+    assert shapes == {scheduler.loop.cache.shape}
 
 
 def test_a_request_that_arrives_mid_decode_joins_at_the_next_step_and_a_short_one_leaves_first():
@@ -207,7 +208,8 @@ def test_streamed_tokens_are_the_greedy_result_token_by_token():
     scheduler = Scheduler(model)
     options = DecodingOptions(beam_size=1, max_new_tokens=15)
     request = scheduler.submit(
-        [3, 4, 5, EOS], options, on_token=lambda r, token, logprob, attention: seen.append((token, logprob, attention))
+        [3, 4, 5, EOS], options, return_attention=True,
+        on_token=lambda r, token, logprob, attention: seen.append((token, logprob, attention)),
     )
     scheduler.run()
     (hypothesis,) = beam_search(model, [[3, 4, 5, EOS]], options, return_attention=True)[0]
@@ -217,14 +219,17 @@ def test_streamed_tokens_are_the_greedy_result_token_by_token():
     torch.testing.assert_close(streamed, hypothesis.cross_attention, atol=1e-5, rtol=0)
 
 
-@pytest.mark.skipif(compiled_extension() is None, reason="the compiled runtime is not built here")
-def test_a_beam_streams_its_settled_tokens_as_they_settle_and_takes_none_back():
+@pytest.mark.parametrize("runtime", ["compiled", "eager"])
+def test_a_beam_streams_its_settled_tokens_as_they_settle_and_takes_none_back(runtime):
+    # the compiled loop and the Python one (the eager step's) hand out the same settled prefixes
+    if runtime == "compiled" and compiled_extension() is None:
+        pytest.skip("the compiled runtime is not built here")
     translator = Translator.from_pretrained("en-zh", device="cpu")
     model = translator.model
+    step = translator.step if runtime == "compiled" else EagerStep(model)
     (source,) = translator.encode_source(["Tom reads a very long book about the history of the railway."])
     options = DecodingOptions(beam_size=4, max_new_tokens=40)
-    scheduler = Scheduler(model, step=translator.step, alignment_head=translator.alignment_head)
-    assert scheduler.loop is not None  # the compiled decode loop
+    scheduler = Scheduler(model, step=step, alignment_head=translator.alignment_head)
     seen = []
 
     def on_token(request, token, logprob, attention):
@@ -235,7 +240,7 @@ def test_a_beam_streams_its_settled_tokens_as_they_settle_and_takes_none_back():
     while not request.done:
         scheduler.step()
         steps += 1
-    best = beam_search(model, [source], options, alignment_head=translator.alignment_head, step=translator.step)[0][0]
+    best = beam_search(model, [source], options, alignment_head=translator.alignment_head, step=step)[0][0]
     assert request.hypotheses[0].token_ids == best.token_ids
     assert [index for index, *_ in seen] == list(range(len(best.token_ids)))  # in order, each once
     assert [token for _, token, *_ in seen] == best.token_ids
