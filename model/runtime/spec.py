@@ -14,7 +14,7 @@ from torch import Tensor
 
 from model.errors import CheckpointError
 
-# The decoder's matmuls in the order Runtime::add_layer takes them (csrc/runtime.h); fused groups read as one.
+# The decoder's matmuls in the order Model::add_layer takes them (csrc/model.h); fused groups read as one.
 DECODER_MATMULS = ("qkv", "self_out", "cross_q", "cross_out", "fc1", "fc2", "cross_kv")
 ENCODER_MATMULS = ("qkv", "out", "fc1", "fc2")
 

@@ -1,5 +1,6 @@
 // The runtime's Python bindings and the one translation unit the build compiles: every part is a header
-// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; runtime.h; decoding.h),
+// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; model.h: the weights and
+// the kernel choice; runtime.h: the layers' arithmetic; decoding.h: the search),
 // included once here, so that the CPU-level clones and the anonymous namespace stay one unit.
 // The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
 // best candidates, for one new position per row, in one call from Python, and the decode loop (decoding.h) in

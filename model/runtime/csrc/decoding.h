@@ -459,37 +459,4 @@ class Loop {
   std::vector<Tensor> cross_key_, cross_value_;                              // (slots, h, S, d_k) per layer
 };
 
-// The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
-// column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's
-// fixed cost is most of its time.
-std::tuple<Tensor, Tensor> Runtime::few_rows_topk(const Tensor& scores, int64_t m) {
-  if (!plain_cpu(scores) || !scores.is_contiguous() || scores.dim() != 2 || scores.size(1) < m)
-    return at::topk(scores, m, 1);
-  const int64_t rows = scores.size(0), width = scores.size(1);
-  Tensor values = at::empty({rows, m}, scores.options());
-  Tensor index = at::empty({rows, m}, scores.options().dtype(at::kLong));
-  const float* in = scores.data_ptr<float>();
-  float* best = values.data_ptr<float>();
-  int64_t* where = index.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) top_of_row(in + r * width, width, m, best + r * m, where + r * m);
-  return {values, index};
-}
-
-// model.topk.row_topk: the m largest of each wide row by way of chunk maxima (16 rows and more; fewer rows
-// one pass each).
-std::tuple<Tensor, Tensor> Runtime::row_topk(const Tensor& scores, int64_t m) {
-  constexpr int64_t chunk = 64, min_rows = 16;
-  const int64_t rows = scores.size(0), width = scores.size(1), chunks = width / chunk;
-  if (rows < min_rows) return few_rows_topk(scores, m);
-  if (chunks <= m || !scores.is_contiguous()) return at::topk(scores, m, 1);
-  Tensor whole = scores.as_strided({rows, chunks, chunk}, {width, chunk, 1});
-  Tensor best_chunks = std::get<1>(whole.amax(2).topk(m, 1));
-  const int64_t picked_width = m * chunk, tail_start = chunks * chunk;
-  Tensor picked = whole.index({at::arange(rows, best_chunks.options()).unsqueeze(1), best_chunks}).view({rows, picked_width});
-  auto [values, index] = at::cat({picked, scores.narrow(1, tail_start, width - tail_start)}, 1).topk(m, 1);
-  Tensor in_chunks = best_chunks.gather(1, at::div(index, chunk, "floor").clamp_max_(m - 1)) * chunk + index.remainder(chunk);
-  Tensor column = at::where(index.lt(picked_width), in_chunks, index - picked_width + tail_start);
-  return {values, column};
-}
-
 }  // namespace
