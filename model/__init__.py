@@ -1,6 +1,7 @@
 """Marian-compatible Transformer engine: load, translate, explain. No web code lives here."""
 
 from model.config import ModelConfig
+from model.decoding.scheduler import Batch
 from model.decoding.search import Hypothesis
 from model.errors import (
     CheckpointError,
@@ -39,6 +40,7 @@ __all__ = [
     "ATTRIBUTION_MAX_STEPS",
     "ATTRIBUTION_METHODS",
     "Attributions",
+    "Batch",
     "AttentionSteps",
     "DecodingOptions",
     "MAX_BEAM_SIZE",

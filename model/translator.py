@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
-from model.decoding.scheduler import DecodeLoop, TokenCallback
+from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy, TokenCallback
 from model.decoding.search import Hypothesis, beam_search, length_budget
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explanations.agreement import (
@@ -318,12 +318,6 @@ class Translator:
         return self.precision
 
     @property
-    def streams_beams(self) -> bool:
-        """Whether `submit` streams beam search's settled tokens (the compiled decode loop does; the eager step's
-        scheduler streams greedy decoding only)."""
-        return self.step.new_loop is not None
-
-    @property
     def steps_precision(self) -> str:
         """How the step-by-step arithmetic of one head (`attention_steps`), attributions and encoder maps are
         computed: the exact model's weights, "float32" under int8 decoding."""
@@ -430,26 +424,45 @@ class Translator:
         )
         nbest_iter = iter(nbest_of_text)
         nbest = [[] if empty else next(nbest_iter) for empty in blank]
-        # every hypothesis's alignment rows on the host in one read; what follows is Python over those lists
+        results = self._translations(source_ids, nbest, [return_attention] * len(texts))
+        return results if reverse is None else self.with_agreements(results, reverse)
+
+    def _translations(
+        self, source_ids: list[list[int]], nbest: list[list[Hypothesis]], keep_attention: list[bool]
+    ) -> list[Translation]:
+        """The Translations of decoded texts (their n-best, best first; [] for a blank text). Every hypothesis's
+        alignment rows come to the host in one read; what follows is Python over those lists."""
         matrices = [self._alignment_matrix(h) for hs in nbest for h in hs]
         aligned = iter(zip(matrices, matrices_to_lists([self._read_rows(m) for m in matrices]), strict=True))
         results = []
-        for ids, hypotheses in zip(source_ids, nbest, strict=True):
+        for ids, hypotheses, keep in zip(source_ids, nbest, keep_attention, strict=True):
             if not hypotheses:
                 results.append(blank_translation())
                 continue
-            built = [self._build(ids, h, return_attention, *next(aligned)) for h in hypotheses]
+            built = [self._build(ids, h, keep, *next(aligned)) for h in hypotheses]
             best = built[0]
             best.alternatives = built[1:]
             results.append(best)
-        return results if reverse is None else self.with_agreements(results, reverse)
+        return results
 
-    # ---- continuous batching ----------------------------------------------------------------
+    # ---- the decode loop -----------------------------------------------------------------------
     _loop: DecodeLoop | None = None
 
-    def start_continuous(self, max_rows: int = 64, max_waiting: int = 1024) -> None:
-        """Start the continuous-batching loop `submit` feeds (model.decoding.scheduler.DecodeLoop): texts join
-        and leave the running decode at every step, each decoded as if alone."""
+    def start_loop(
+        self,
+        policy: Policy = "continuous",
+        max_rows: int = 64,
+        max_texts: int | None = None,
+        gather_s: float = 0.0,
+        max_waiting: int = 1024,
+        on_joined: Callable[[Batch, list[float]], None] | None = None,
+        on_done: Callable[[Batch], None] | None = None,
+    ) -> None:
+        """Start the decode loop `submit` feeds (model.decoding.scheduler.DecodeLoop), in its own thread: under
+        policy "continuous" texts join and leave the running decode at every step, under "static" a batch of up to
+        max_texts joins once the loop is empty (after waiting up to gather_s for company); either way each is
+        decoded as if alone. max_rows: decoder rows in flight (a beam of k takes k). on_joined(batch, waits) and
+        on_done(batch): called from the loop's thread as a batch joins and as its last text leaves (metrics)."""
         if self._loop is None:
             self._loop = DecodeLoop(
                 self.model,
@@ -457,11 +470,17 @@ class Translator:
                 max_waiting=max_waiting,
                 alignment_head=self.alignment_head,
                 step=self.step,
+                policy=policy,
+                max_texts=max_texts,
+                gather_s=gather_s,
+                finish=self._finished_requests,
+                on_joined=on_joined,
+                on_done=on_done,
             )
 
     @property
     def decoder_rows(self) -> int:
-        """Rows the continuous loop is decoding now (0 without one)."""
+        """Rows the decode loop is decoding now (0 without one)."""
         return self._loop.scheduler.rows if self._loop is not None else 0
 
     def submit(
@@ -471,54 +490,38 @@ class Translator:
         *,
         return_attention: bool = False,
         on_token: Callable[[StreamedToken], None] | None = None,
-        reverse: Translator | None = None,
         source_ids: list[int] | None = None,
         **settings,
     ) -> Future:
-        """Translate one text through the continuous loop (`start_continuous` first): a Future of its
-        Translation, equal to `translate([text], options)[0]`. `on_token(StreamedToken)` is called from the loop's
-        thread as tokens are settled: under greedy decoding each as it is decoded; under beam search on the
-        compiled loop (`streams_beams`) those every beam still in the running shares, so the tokens streamed are
-        always a prefix of the answer (on the eager step beams stream nothing until the end).
+        """Translate one text through the decode loop (`start_loop` first): a Future of its Translation, equal to
+        `translate([text], options)[0]`. `on_token(StreamedToken)` is called from the loop's thread as tokens
+        are settled: under greedy decoding each as it is decoded, under beam search those every beam still in the
+        running shares, so the tokens streamed are always a prefix of the answer.
         `source_ids`: the text's `encode_source` ids where the caller already has them (not encoded again).
         Raises InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
         if self._loop is None:
-            raise RuntimeError("call start_continuous() before submit()")
+            raise RuntimeError("call start_loop() before submit()")
         options = decoding_options(options, settings)
         if source_ids is None:
             (source_ids,) = self.encode_source([text])
-        result: Future = Future()
         if not text.strip():
+            result: Future = Future()
             result.set_result(blank_translation())
             return result
         if on_token is not None:
             on_token = self._streamed(on_token)
-        decoding = self._loop.submit(source_ids, options, return_attention, on_token, alignment_rows=True)
-        result.decoding = decoding  # for cancel()
+        return self._loop.submit(source_ids, options, return_attention, on_token, alignment_rows=True)
 
-        def built(finished: Future) -> None:
-            if result.cancelled():  # the caller stopped waiting (cancel() freed the rows)
-                return
-            error = finished.exception()
-            if error is not None:
-                result.set_exception(error)
-                return
-            try:
-                translations = [self._build(source_ids, h, return_attention) for h in finished.result()]
-                translations[0].alternatives = translations[1:]
-                translation = translations[0] if reverse is None else self.with_agreement(translations[0], reverse)
-            except Exception as failure:  # noqa: BLE001 - delivered to the waiting caller
-                result.set_exception(failure)
-                return
-            result.set_result(translation)
-
-        decoding.add_done_callback(built)
-        return result
+    def _finished_requests(self, requests: list[DecodeRequest]) -> list[Translation]:
+        """The loop's `finish`: the Translations of the requests one step finished, built together."""
+        return self._translations(
+            [r.source_ids for r in requests], [r.hypotheses for r in requests], [r.return_attention for r in requests]
+        )
 
     def _streamed(self, on_token: Callable[[StreamedToken], None]) -> TokenCallback:
         def streamed(request, token_id: int, logprob: float, attention: Tensor | None) -> None:
-            # attention: the alignment head's row (S,) from the compiled loop, or one step's maps (layers, heads, S)
-            # from the eager scheduler, whose alignment head's row is read as for a whole output
+            # attention: the alignment head's row (S,), or every head's (layers, heads, S) where the text keeps
+            # its maps (return_attention), whose alignment head's row is read as for a whole output
             row = None
             if attention is not None:
                 one_head = attention if attention.dim() == 1 else alignment_matrix(attention, *self.alignment_head)
@@ -530,9 +533,8 @@ class Translator:
 
     def cancel(self, future: Future) -> None:
         """Stop decoding a text `submit` returned `future` for (its caller went away); frees its rows."""
-        decoding = getattr(future, "decoding", None)
-        if self._loop is not None and decoding is not None:
-            self._loop.cancel(decoding)
+        if self._loop is not None:
+            self._loop.cancel(future)
 
     def _alignment_matrix(self, hypothesis: Hypothesis) -> Tensor:
         """The alignment head's (T, S) rows of a hypothesis, unread (from its maps where it kept them)."""

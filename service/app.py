@@ -73,16 +73,6 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 INFO_CACHE_S = 10.0
 
 
-async def with_ahead(ahead: list, stream: Any) -> AsyncIterator[Any]:
-    """The rest of a stream: the events already taken from it (all of it), or else what it sends from now on."""
-    if ahead:
-        for event in ahead:
-            yield event
-        return
-    async for event in stream:
-        yield event
-
-
 def server_sent_event(event: dict) -> bytes:
     """One SSE message: `event: <type>` and the event as one line of JSON."""
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
@@ -275,10 +265,10 @@ class Ingress:
     )
     async def translate_stream(self, body: TranslateRequest) -> Response:
         """One text, split into sentences as /v1/translate splits it and decoded one sentence after another.
-        Events: `start` ({model, streams_tokens, sentences}); with `args.scheduler: continuous`, one `token` per
-        settled token ({sentence, index, piece, token_id, logprob, attention: the alignment head's weights over the
-        source tokens at the step that predicted it}): under greedy decoding as each is decoded, under beam search
-        (on the compiled runtime) once every beam still running shares it, so no token is ever taken back; after
+        Events: `start` ({model, streams_tokens, sentences}); one `token` per settled token ({sentence, index, piece,
+        token_id, logprob, attention: the alignment head's weights over the source tokens at the step that
+        predicted it}): under greedy decoding as each is decoded, under beam search once every beam still running
+        shares it, so no token is ever taken back; after
         each sentence of a text of several, `sentence` ({sentence, translation}); then `result` ({translation}:
         the object /v1/translate returns for the text), or `error` ({error: {code, message}}) if a model call
         failed after the first event (before it, the answer is the usual JSON error). A client that disconnects
@@ -303,22 +293,17 @@ class Ingress:
                 trust=body.trust,
             )
 
-            async def start() -> tuple[Any, Any, list]:
+            async def start() -> tuple[Any, Any]:
                 stream = handle.translate_stream.remote(call)
                 try:
-                    opened = await stream.__anext__()
-                    # Without token events the result is decoded before `start` is sent: take it inside this
-                    # retried call too, so that a replica lost between the two costs a resend, not an error event.
-                    tokens = isinstance(opened, Rejected) or opened["streams_tokens"]
-                    ahead = [] if tokens else [event async for event in stream]
-                    return opened, stream, ahead
+                    return await stream.__anext__(), stream
                 except BaseException:  # timed out, or its replica lost: self.call gives up or starts it again
                     stream.cancel()
                     raise
 
             return start
 
-        first, stream, first_ahead = await self.call(first_event(sentences[0]))  # nothing sent yet: safe to retry
+        first, stream = await self.call(first_event(sentences[0]))  # nothing sent yet: safe to retry
         if isinstance(first, Rejected):
             raise first.error
 
@@ -330,12 +315,11 @@ class Ingress:
                 outcomes = []
                 try:
                     for index in range(len(sentences)):
-                        ahead = first_ahead
                         if index:  # admitted already: not refused at the in-flight limit halfway through
-                            opened, current, ahead = await self.call(first_event(sentences[index]), limited=False)
+                            opened, current = await self.call(first_event(sentences[index]), limited=False)
                             if isinstance(opened, Rejected):
                                 raise opened.error
-                        async for event in with_ahead(ahead, current):
+                        async for event in current:
                             if event["type"] == "token":
                                 yield server_sent_event({**event, "sentence": index})
                             elif event["type"] == "result":

@@ -50,23 +50,29 @@ class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelSpec] = Field(default_factory=lambda: [m.model_copy() for m in DEFAULT_MODELS], min_length=1)
-    max_batch_size: int = Field(16, ge=1, le=256, description="Texts per batched decode (service/batching.py).")
+    max_batch_size: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="static: texts that join the decode loop together; both: texts aligned and assessed together "
+        "after their decodes (service/batching.py).",
+    )
     batch_wait_timeout_s: float = Field(
         0.01,
         ge=0,
         le=10,
-        description="How long a batch that is not full waits for more texts (not right after a batch of one "
-        "text: at light load a lone request starts at once).",
+        description="static: how long a batch that is not full waits for more texts before it joins the loop (not "
+        "right after a batch of one text: at light load a lone request starts at once).",
     )
     scheduler: Literal["static", "continuous"] = Field(
         "static",
-        description='"static": texts with equal options are decoded in batches, each to completion '
-        '(service/batching.py). "continuous": one decode loop per replica where texts join and leave at every '
-        "step (model/decoding/scheduler.py); batch_wait_timeout_s does not apply and the ingress does not hold calls "
-        "back (coalesce_max_calls is ignored).",
+        description='The policy of each replica\'s one decode loop (model/decoding/scheduler.py). "static": a batch '
+        "of texts joins only when the loop is empty and decodes to its end. \"continuous\": texts join and leave "
+        "at every step; batch_wait_timeout_s does not apply and the ingress does not hold calls back "
+        "(coalesce_max_calls is ignored). Tokens stream under both.",
     )
     max_rows: int = Field(
-        64, ge=1, le=4096, description="continuous: decoder rows in flight per replica (a beam of k takes k rows)."
+        64, ge=1, le=4096, description="Decoder rows in flight per replica (a beam of k takes k rows)."
     )
     coalesce_max_calls: int = Field(
         2,

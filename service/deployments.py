@@ -1,5 +1,6 @@
-"""The translator deployment, one per model: it batches concurrent texts into shared decodes (service/batching.py,
-or the engine's continuous scheduler), recomputes explanations by forced decoding and explains one head.
+"""The translator deployment, one per model: its texts share the replica's one decode loop (the engine's scheduler,
+continuous or static), the work after their decodes is done per batch (service/batching.py), it recomputes
+explanations by forced decoding and explains one head.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from ray import serve
 from model import (
     DEFAULT_ALIGNMENT,
     AlignmentMethod,
+    Batch,
     DecodingOptions,
     InputTooLongError,
+    InvalidInputError,
     StreamedToken,
     Translation,
     Translator,
@@ -45,22 +48,26 @@ async def _rejecting(call: Awaitable[Any]) -> Any:
 
 
 @dataclass
-class BatchItem:
-    text: str
-    options: DecodingOptions
+class FinishItem:
+    """A decoded text on its way to its answer: aligned and assessed with the others of its batch."""
+
+    translation: Translation
+    options: DecodingOptions  # as decoded (the batch's: items are grouped by their options)
     attention: str  # "none" | "summary" | "full": only changes what is returned
     alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: realigned after the decode
-    trust: str = "off"  # "fast" | "full": assessed after the shared decode (model.trust)
-    source_ids: list[int] | None = None  # the text's ids, encoded once when the request arrived
+    trust: str = "off"  # "fast" | "full": assessed after the decode (model.trust)
 
 
 @serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
 class TranslatorDeployment:
     """Serves one model: translate (batched), fetch explanations, explain step by step.
 
-    Each text of each request is one item of the batch queue, so a request's texts spread over batches and
-    concurrent requests share them; a batch is one engine call in a worker thread, so the replica keeps
-    accepting requests while it decodes.
+    Each text of each request joins the replica's decode loop on its own (model.Translator.submit; the loop runs
+    in its own thread, so the replica keeps accepting requests while it decodes), so a request's texts spread
+    over batches and concurrent requests share them. `scheduler` is the loop's policy: "static" batches of up to
+    max_batch_size texts join once the loop is empty (after up to batch_wait_timeout_s for company),
+    "continuous" texts join at the next step, up to max_rows rows. The texts that come out of the loop meanwhile
+    are aligned and assessed together, one batch per worker-thread call (service/batching.py).
 
     Its arguments are service.config.ServiceConfig's (build_app passes them on), which holds their defaults;
     reverse_spec: the served model translating the other way, loaded here too (float32, forced decodes only) for
@@ -88,12 +95,18 @@ class TranslatorDeployment:
         if reverse_spec is not None:
             reverse = ModelSpec.model_validate(reverse_spec)
             self.reverse = Translator.from_pretrained(reverse.expanded_path, device=self.translator.device)
-        self.continuous = scheduler == "continuous"
         self._rows_task: asyncio.Task | None = None
-        if self.continuous:
-            self.translator.start_continuous(max_rows=max_rows)
+        self.max_rows = max_rows
+        self.translator.start_loop(
+            scheduler,
+            max_rows=max_rows,
+            max_texts=max_batch_size if scheduler == "static" else None,
+            gather_s=batch_wait_timeout_s,
+            on_joined=self._batch_joined,
+            on_done=self._batch_done,
+        )
         self.secret = explanation_secret(explanation_secret_env)
-        self.batches: BatchQueue[BatchItem] = BatchQueue(self._decode_batch, max_batch_size, batch_wait_timeout_s)
+        self.finishing: BatchQueue[FinishItem] = BatchQueue(self._finish_batch, max_batch_size, wait_s=0.0)
         config = self.translator.config
         deployment, replica = replica_identity()
         self.replica = replica
@@ -179,16 +192,10 @@ class TranslatorDeployment:
         self._check_length_budget(options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
-        if self.continuous:
-            decodes = [
-                self._decode_continuously(text, ids, options, attention, method, trust)
-                for text, ids in zip(texts, source_ids, strict=True)
-            ]
-        else:
-            decodes = [
-                self.batches.submit(BatchItem(text, options, attention, method, trust, ids), options)
-                for text, ids in zip(texts, source_ids, strict=True)
-            ]
+        decodes = [
+            self._decode(text, ids, options, attention, method, trust)
+            for text, ids in zip(texts, source_ids, strict=True)
+        ]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -213,21 +220,11 @@ class TranslatorDeployment:
 
     async def translate_stream(self, call: TranslateCall) -> AsyncIterator[dict | Rejected]:
         """POST /v1/translate/stream of one text: {"type": "start"} once the text is accepted (or a Rejected
-        instead), with the continuous scheduler one {"type": "token"} per token as it is settled (greedy: as it is
-        decoded; beam search on the compiled loop: once every beam shares it), then {"type": "result",
-        "translation": ...} as /v1/translate would give it. A consumer that
-        goes away (the client disconnected) cancels the decode and frees its rows."""
+        instead), one {"type": "token"} per token as it is settled (greedy: as it is decoded; beam search: once
+        every beam shares it), then {"type": "result", "translation": ...} as /v1/translate would give it. A
+        consumer that goes away (the client disconnected) cancels the decode and frees its rows."""
         (text,) = call.texts
         options, attention = call.options, call.attention
-        if not (self.continuous and (options.beam_size == 1 or self.translator.streams_beams)):
-            try:
-                (translation,) = await self._translate(call)
-            except REFUSALS as error:
-                yield Rejected(error)
-                return
-            yield {"type": "start", "model": self.spec.id, "streams_tokens": False}
-            yield {"type": "result", "translation": translation}
-            return
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -258,8 +255,8 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
-        translation = await asyncio.to_thread(self._finished, translation, call.alignment_method, call.trust, options)
-        result = self._translation_json(translation, attention)
+        item = FinishItem(translation, options, attention, call.alignment_method, call.trust)
+        result = await self.finishing.submit(item, options)
         if call.source_share:
             await asyncio.to_thread(self._add_source_shares, [result])
         yield {"type": "result", "translation": result}
@@ -270,12 +267,16 @@ class TranslatorDeployment:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")
         if options.min_new_tokens > limit:
             raise InputTooLongError(f"min_length must be at most {limit} for model {self.spec.id}")
+        if options.beam_size > self.max_rows:
+            raise InvalidInputError(
+                f"beam_size must be at most {self.max_rows} for model {self.spec.id} (its decoder rows, max_rows)"
+            )
 
-    async def _decode_continuously(
+    async def _decode(
         self, text: str, source_ids: list[int], options: DecodingOptions, attention: str, method: str, trust: str
     ) -> dict:
-        """One text (its ids, tokenized once by the caller) through the replica's decode loop; a caller that stops
-        waiting frees its rows."""
+        """One text (its ids, tokenized once by the caller) through the replica's decode loop, then aligned and
+        assessed with the others that finished meanwhile; a caller that stops waiting frees its rows."""
         self._watch_rows()
         future = self.translator.submit(text, options, return_attention=attention != "none", source_ids=source_ids)
         try:
@@ -283,14 +284,31 @@ class TranslatorDeployment:
         except asyncio.CancelledError:
             self._cancel(future)
             raise
-        translation = await asyncio.to_thread(self._finished, translation, method, trust, options)
-        return self._translation_json(translation, attention)
+        return await self.finishing.submit(FinishItem(translation, options, attention, method, trust), options)
 
-    def _finished(self, translation: Translation, method: str, trust: str, options: DecodingOptions) -> Translation:
-        """`_aligned_all` and `_assessed_all` of one translation."""
-        (translation,) = self._aligned_all([translation], [method])
-        self._assessed_all([translation], [trust], options)
-        return translation
+    async def _finish_batch(self, items: list[FinishItem], _waits: list[float]) -> list[dict]:
+        """The work after the decodes of texts with equal options, together (see BatchQueue): their alignments
+        (the reverse model's forced decodes shared), their trust, their JSON."""
+
+        def finish() -> list[Translation]:
+            translations = self._aligned_all(
+                [item.translation for item in items], [item.alignment_method for item in items]
+            )
+            self._assessed_all(translations, [item.trust for item in items], items[0].options)
+            return translations
+
+        translations = await asyncio.to_thread(finish)
+        return [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
+
+    def _batch_joined(self, batch: Batch, waits: list[float]) -> None:
+        """A batch joined the decode loop (called from its thread)."""
+        self.metrics.batch_size.labels(self.spec.id).observe(batch.size)
+        for wait in waits:
+            self.metrics.queue_wait.labels(self.spec.id).observe(wait)
+
+    def _batch_done(self, batch: Batch) -> None:
+        """A batch's last text left the decode loop (called from its thread)."""
+        self.metrics.batch_duration.labels(self.spec.id).observe(time.monotonic() - batch.joined)
 
     def _assessed_all(self, translations: list[Translation], modes: list[str], options: DecodingOptions) -> None:
         """Set each translation's trust as its mode asks (model.trust): "full" ones share the reverse model's
@@ -345,31 +363,6 @@ class TranslatorDeployment:
         while True:
             gauge.set(self.translator.decoder_rows)
             await asyncio.sleep(0.2)
-
-    async def _decode_batch(self, items: list[BatchItem], queue_waits: list[float]) -> list[dict]:
-        """One engine call for a batch of texts with equal options (see BatchQueue)."""
-        started = time.monotonic()
-        model = self.spec.id
-        self.metrics.batch_size.labels(model).observe(len(items))
-        for wait in queue_waits:
-            self.metrics.queue_wait.labels(model).observe(wait)
-        options = items[0].options
-
-        def decode() -> list[Translation]:
-            translations = self.translator.translate(
-                [item.text for item in items],
-                options,
-                return_attention=any(item.attention != "none" for item in items),
-                source_ids=[item.source_ids for item in items] if all(item.source_ids for item in items) else None,
-            )
-            translations = self._aligned_all(translations, [item.alignment_method for item in items])
-            self._assessed_all(translations, [item.trust for item in items], options)
-            return translations
-
-        translations = await asyncio.to_thread(decode)
-        outcomes = [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
-        self.metrics.batch_duration.labels(model).observe(time.monotonic() - started)
-        return outcomes
 
     def _translation_json(self, translation, attention: str) -> dict:
         self.metrics.texts.labels(self.spec.id, self.replica).inc()

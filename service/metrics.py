@@ -71,7 +71,10 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS,
         )
         self.batch_size = Histogram(
-            "translation_batch_size", "Texts decoded together in one batch.", ["model"], buckets=BATCH_SIZE_BUCKETS
+            "translation_batch_size",
+            "Texts that joined the decode loop together (one encoder pass).",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
         )
         self.call_requests = Histogram(
             "translation_call_requests",
@@ -81,12 +84,15 @@ class ServiceMetrics:
         )
         self.queue_wait = Histogram(
             "translation_batch_queue_wait_seconds",
-            "Time a text waited in the batch queue before its batch started.",
+            "Time a text waited before it joined the decode loop.",
             ["model"],
             buckets=LATENCY_BUCKETS,
         )
         self.batch_duration = Histogram(
-            "translation_batch_duration_seconds", "Time to decode one batch.", ["model"], buckets=LATENCY_BUCKETS
+            "translation_batch_duration_seconds",
+            "Time from a batch joining the decode loop until its last text left it.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
         )
         self.texts = Counter(
             "translation_texts", "Texts translated, by the replica that translated them.", ["model", "replica"]
@@ -119,7 +125,7 @@ class ServiceMetrics:
         )
         self.decoder_rows = Gauge(
             "translation_decoder_rows",
-            "Decoder rows in flight in a replica's continuous scheduler (a beam of k is k rows).",
+            "Decoder rows in flight in a replica's decode loop (a beam of k is k rows).",
             ["model", "replica"],
             multiprocess_mode="livesum",
         )

@@ -1,6 +1,8 @@
-"""Continuous (iteration-level) batching: requests join and leave the running decode at every step.
+"""The one scheduler: requests join and leave the running decode between steps.
 
-`Scheduler` keeps the queue and decides when waiting requests join; the rows decode on the decode loop
+`Scheduler` keeps the queue and decides when waiting requests join, by its policy: "continuous" (iteration-level
+batching) admits them at the next step, "static" only when the loop is empty (a batch decodes to its end before the
+next joins: the static batching the benchmarks compare against). The rows decode on the decode loop
 (model/decoding/loop.py `new_loop`: the compiled loop, csrc/decoding.h, or the Python one over the eager or graph
 step), the loop every search runs on. Each `step()` first admits waiting requests (their encoder pass runs and they
 join the loop), then the loop decodes one token for every row and advances each request's search on its own rows; a
@@ -18,10 +20,12 @@ Orca (OSDI 2022) named the idea; vLLM and TensorRT-LLM's in-flight batching do i
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -37,6 +41,8 @@ from model.transformer import Transformer
 # called for each token as it settles (streaming; under beam search, the prefix every beam shares).
 ADMISSION_WAIT_STEPS = 4  # the longest a waiting request is held back to join with others (see _admission_due)
 TokenCallback = Callable[["DecodeRequest", int, float, Tensor | None], None]
+Policy = Literal["continuous", "static"]
+POLICIES = ("continuous", "static")
 
 
 @dataclass(eq=False)
@@ -54,6 +60,8 @@ class DecodeRequest:
     cancelled: bool = False
     waited: int = 0  # steps spent in the queue
     loop_id: int | None = None  # its id in the decode loop
+    arrived: float = field(default_factory=time.monotonic)
+    batch: Batch | None = None  # the requests it joined the loop with
 
     @property
     def beams(self) -> int:
@@ -64,12 +72,24 @@ class DecodeRequest:
         return self.hypotheses is not None or self.cancelled
 
 
+@dataclass(eq=False)
+class Batch:
+    """Requests that joined the loop at one step (one encoder pass): when, how many, how many still run."""
+
+    size: int
+    joined: float = field(default_factory=time.monotonic)
+    running: int = 0
+
+
 class Scheduler:
-    """Iteration-level batching over one model: `submit`, then `step()` until the requests are done.
+    """Batching over one model's decode loop: `submit`, then `step()` until the requests are done.
 
     Not thread-safe: one loop (one thread) calls `submit`, `cancel` and `step`.
-    max_rows bounds the rows in flight (a beam of k takes k rows); max_waiting bounds the queue
-    behind them, beyond which `submit` raises DecoderBusyError.
+    max_rows bounds the rows in flight (a beam of k takes k rows) and max_texts the requests that join at once;
+    max_waiting bounds the queue behind them, beyond which `submit` raises DecoderBusyError. policy: "continuous"
+    admits waiting requests at the next step (see `_admission_due`), "static" only when the loop is empty.
+    on_joined(batch, waits) and on_done(batch): called as a batch joins (with each request's seconds in the queue)
+    and as its last request leaves, for the service's metrics.
     """
 
     def __init__(
@@ -79,9 +99,18 @@ class Scheduler:
         max_waiting: int = 1024,
         alignment_head: tuple[int, int | None] | None = None,
         step=None,
+        policy: Policy = "continuous",
+        max_texts: int | None = None,
+        on_joined: Callable[[Batch, list[float]], None] | None = None,
+        on_done: Callable[[Batch], None] | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+        self.policy = policy
+        self.max_texts = max_texts if max_texts is not None else max_rows
+        self.on_joined, self.on_done = on_joined, on_done
         self.model = model
         self.decoder_step = step if step is not None else EagerStep(model)  # model.runtime's compiled or eager step
         self.config = model.config
@@ -102,7 +131,9 @@ class Scheduler:
         return_attention: bool = False,
         on_token: TokenCallback | None = None,
         alignment_rows: bool = False,
+        arrived: float | None = None,
     ) -> DecodeRequest:
+        """Queue one source (`arrived`: when it reached the service, for the queue-wait figures; default now)."""
         options = options or DecodingOptions()
         if options.beam_size > self.max_rows:
             raise ValueError(f"beam_size {options.beam_size} exceeds the scheduler's {self.max_rows} rows")
@@ -112,6 +143,8 @@ class Scheduler:
         if alignment_rows and self.alignment_head is None:
             raise ValueError("alignment_rows needs the scheduler's alignment_head")
         request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows)
+        if arrived is not None:
+            request.arrived = arrived
         self.waiting.append(request)
         return request
 
@@ -145,6 +178,7 @@ class Scheduler:
             if request.cancelled:
                 self.loop.cancel(request.loop_id)
                 del self._by_loop_id[request.loop_id]
+                self._left(request)
         self.running = [request for request in self.running if not request.cancelled]
         self._admit()
         if not self.running:
@@ -159,10 +193,17 @@ class Scheduler:
             request = self._by_loop_id.pop(loop_id)
             request.hypotheses = loop_hypotheses(found, request.options.n_best, request.return_attention)
             finished.append(request)
+            self._left(request)
         if finished:
             gone = {id(request) for request in finished}
             self.running = [request for request in self.running if id(request) not in gone]
         return finished
+
+    def _left(self, request: DecodeRequest) -> None:
+        batch = request.batch
+        batch.running -= 1
+        if batch.running == 0 and self.on_done is not None:
+            self.on_done(batch)
 
     def _join_the_loop(self, joining: list[DecodeRequest], hidden: Tensor, lengths: list[int]) -> None:
         """Requests whose encoder pass is done join the decode loop, each capturing what it needs: every
@@ -180,18 +221,25 @@ class Scheduler:
             [r.options.min_new_tokens for r in joining], [float(r.options.length_penalty) for r in joining],
             captures, [r.on_token is not None for r in joining],
         )
+        batch = Batch(len(joining), running=len(joining))
         for request, loop_id in zip(joining, ids, strict=True):
             request.loop_id = loop_id
+            request.batch = batch
             self._by_loop_id[loop_id] = request
         self.running.extend(joining)
+        if self.on_joined is not None:
+            self.on_joined(batch, [batch.joined - request.arrived for request in joining])
 
     def _admission_due(self) -> bool:
-        """Whether waiting requests join at this step. An encoder pass for one or two sources costs
-        several times its share of one for many, so while the batch is nearly full they join in
-        groups: when a quarter of the rows are free, when all that wait fit, or when the oldest has
-        waited ADMISSION_WAIT_STEPS steps. With rows to spare a request joins at the next step."""
+        """Whether waiting requests join at this step. Static: only into an empty loop. Continuous: an
+        encoder pass for one or two sources costs several times its share of one for many, so while the
+        batch is nearly full they join in groups: when a quarter of the rows are free, when all that wait
+        fit, or when the oldest has waited ADMISSION_WAIT_STEPS steps. With rows to spare a request joins
+        at the next step."""
         if not self.waiting:
             return False
+        if self.policy == "static":
+            return not self.running
         free = self.max_rows - self.rows
         if free * 4 >= self.max_rows or sum(r.beams for r in self.waiting) <= free:
             return True
@@ -205,7 +253,7 @@ class Scheduler:
             return
         joining: list[DecodeRequest] = []
         rows = self.rows
-        while self.waiting and rows + self.waiting[0].beams <= self.max_rows:
+        while self.waiting and rows + self.waiting[0].beams <= self.max_rows and len(joining) < self.max_texts:
             request = self.waiting.popleft()
             joining.append(request)
             rows += request.beams
@@ -226,8 +274,17 @@ class DecodeLoop:
     """A `Scheduler` stepping in its own thread: submit from any thread, get a Future per source.
 
     The loop sleeps while there is nothing to decode and steps while anything runs or waits, so a
-    source submitted mid-decode joins at the next step. `close()` stops it; sources still queued or
-    running then fail with RuntimeError rather than waiting forever.
+    source submitted mid-decode joins at the next step (under the static policy, once the loop is
+    empty). `close()` stops it; sources still queued or running then fail with RuntimeError rather
+    than waiting forever.
+
+    gather_s (static): a batch about to join the empty loop with fewer than max_texts sources waits up
+    to this long, from its oldest source's arrival, for company, except right after a batch of one (that
+    source came and went alone: the load is light, and waiting would only add gather_s to each lone
+    request; once a batch holds several again the wait applies again).
+    finish(requests): run in the loop's thread on the requests one step finished, together; their
+    Futures then give its results (one per request) instead of their hypotheses. The Scheduler's other
+    arguments are passed on.
     """
 
     def __init__(
@@ -237,10 +294,21 @@ class DecodeLoop:
         max_waiting: int = 1024,
         alignment_head: tuple[int, int | None] | None = None,
         step=None,
+        policy: Policy = "continuous",
+        max_texts: int | None = None,
+        gather_s: float = 0.0,
+        finish: Callable[[list[DecodeRequest]], list] | None = None,
+        on_joined: Callable[[Batch, list[float]], None] | None = None,
+        on_done: Callable[[Batch], None] | None = None,
     ) -> None:
         self.scheduler = Scheduler(
-            model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head, step=step
+            model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head, step=step,
+            policy=policy, max_texts=max_texts, on_joined=self._joined, on_done=on_done,
         )
+        self.gather_s = gather_s
+        self._finish = finish
+        self._on_joined = on_joined
+        self._last_batch = 0  # sources in the batch that joined last (0: none yet)
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Condition()
         self._futures: dict[int, tuple[DecodeRequest, Future]] = {}
@@ -256,18 +324,27 @@ class DecodeLoop:
         on_token: TokenCallback | None = None,
         alignment_rows: bool = False,
     ) -> Future:
-        """Queue one source; the Future gives its hypotheses (best first). Raises DecoderBusyError when full."""
+        """Queue one source; the Future gives its hypotheses (best first), or `finish`'s result for it. Raises
+        DecoderBusyError when full."""
         future: Future = Future()
         with self._wake:
             if self._closed:
                 raise RuntimeError("the decode loop is closed")
             if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
+            arrived = time.monotonic()
             self._inbox.append(
-                ("submit", (list(source_ids), options, return_attention, on_token, alignment_rows, future))
+                ("submit", (list(source_ids), options, return_attention, on_token, alignment_rows, future, arrived))
             )
             self._wake.notify()
+        future.add_done_callback(self._given_up)
         return future
+
+    def _given_up(self, future: Future) -> None:
+        """A Future cancelled before its source joined: wake the loop, which may be holding a batch for it."""
+        if future.cancelled():
+            with self._wake:
+                self._wake.notify()
 
     def cancel(self, future: Future) -> None:
         """Stop decoding the source behind `future` (a client went away): its rows are freed next step."""
@@ -281,22 +358,58 @@ class DecodeLoop:
             self._wake.notify()
         self._thread.join(timeout=30)
 
+    def _joined(self, batch: Batch, waits: list[float]) -> None:
+        self._last_batch = batch.size
+        if self._on_joined is not None:
+            self._on_joined(batch, waits)
+
+    def _gather(self) -> None:
+        """Static: hold a batch that would join the empty loop for company (gather_s). Holds self._wake."""
+        scheduler = self.scheduler
+        if scheduler.policy != "static" or scheduler.running or self.gather_s <= 0 or self._last_batch == 1:
+            return
+        while not self._closed:
+            arrivals = self._live_arrivals()
+            if not arrivals or len(arrivals) >= scheduler.max_texts:
+                return
+            remaining = min(arrivals) + self.gather_s - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wake.wait(remaining)
+
+    def _live_arrivals(self) -> list[float]:
+        """When each source still wanted arrived, queued or in the inbox: one whose caller gave up no longer holds
+        a batch back (the wait restarts from the next oldest). Holds self._wake."""
+        dropped = {id(payload) for kind, payload in self._inbox if kind == "cancel"}
+        arrivals = [
+            request.arrived
+            for request in self.scheduler.waiting
+            if not request.cancelled and id(self._futures[id(request)][1]) not in dropped
+        ]
+        for kind, payload in self._inbox:
+            if kind == "submit" and not payload[5].cancelled() and id(payload[5]) not in dropped:
+                arrivals.append(payload[-1])
+        return arrivals
+
     def _run(self) -> None:
         scheduler = self.scheduler
         while True:
             with self._wake:
                 while not self._inbox and scheduler.idle and not self._closed:
                     self._wake.wait()
+                self._gather()
                 if self._closed:
                     break
                 inbox, self._inbox = list(self._inbox), deque()
             for kind, payload in inbox:
                 if kind == "submit":
-                    source_ids, options, return_attention, on_token, alignment_rows, future = payload
+                    source_ids, options, return_attention, on_token, alignment_rows, future, arrived = payload
                     if not future.set_running_or_notify_cancel():
                         continue
                     try:
-                        request = scheduler.submit(source_ids, options, return_attention, on_token, alignment_rows)
+                        request = scheduler.submit(
+                            source_ids, options, return_attention, on_token, alignment_rows, arrived
+                        )
                     except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
                         future.set_exception(error)
                         continue
@@ -315,8 +428,21 @@ class DecodeLoop:
                 self._futures.clear()
                 scheduler.step()  # drops the cancelled rows
                 continue
-            for request in finished:
-                _, future = self._futures.pop(id(request))
-                future.set_result(request.hypotheses)
+            if finished:
+                self._deliver(finished)
         for _, future in self._futures.values():
             future.set_exception(RuntimeError("the decode loop closed before this source was decoded"))
+
+    def _deliver(self, finished: list[DecodeRequest]) -> None:
+        """The Futures of the requests one step finished: their hypotheses, or `finish`'s results for them all."""
+        futures = [self._futures.pop(id(request))[1] for request in finished]
+        results = [request.hypotheses for request in finished]
+        if self._finish is not None:
+            try:
+                results = self._finish(finished)
+            except Exception as error:  # noqa: BLE001 - delivered to the callers waiting on these requests
+                for future in futures:
+                    future.set_exception(error)
+                return
+        for future, result in zip(futures, results, strict=True):
+            future.set_result(result)

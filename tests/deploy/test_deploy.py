@@ -104,7 +104,9 @@ def test_the_cpu_serve_config_asks_for_no_gpu():
     assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(SERVE_CONFIG))
 
 
-GPU_MEASURED_ARGS = ("max_batch_size",)  # chosen by measurement on a GPU (bench/gpu/check.py), apart from the CPU's
+# chosen on a GPU apart from the CPU's: max_batch_size by measurement (bench/gpu/check.py), max_rows to hold such a
+# batch at beam 4
+GPU_MEASURED_ARGS = ("max_batch_size", "max_rows")
 
 
 def without_gpu_settings(serve_config: dict) -> list[dict]:

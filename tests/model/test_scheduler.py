@@ -1,17 +1,21 @@
-"""Continuous batching: every request decoded among others (random arrivals, lengths and settings, a row cap)
-equals the static search on it alone, itself tested against transformers in test_transformers_parity.py.
+"""The scheduler: every request decoded among others (random arrivals, lengths and settings, a row cap) equals the
+search on it alone, itself tested against transformers in test_transformers_parity.py; the static policy admits
+only into an empty loop; the threaded DecodeLoop gathers static batches and builds a step's finished requests
+together.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 import torch
 
 from model import Translator
 from model.config import ModelConfig
-from model.decoding.scheduler import Scheduler
+from model.decoding.scheduler import DecodeLoop, Scheduler
 from model.decoding.search import beam_search
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
@@ -278,3 +282,128 @@ def test_alignment_rows_are_the_alignment_heads_rows_of_the_full_maps(head):
             maps = expected.cross_attention[1]
             rows = maps.mean(dim=0) if head is None else maps[head]
             torch.testing.assert_close(got.alignment_attention, rows, atol=1e-5, rtol=0)
+
+
+def test_under_the_static_policy_requests_join_only_an_empty_loop_and_still_decode_as_if_alone():
+    """`scheduler: static`: a batch decodes to its end before the next joins, up to max_texts at once."""
+    model = random_model(9)
+    rng = random.Random(9)
+    requests = [(source, options) for _, source, options in random_requests(rng, 7)]
+    joined = []
+    scheduler = Scheduler(
+        model, max_rows=64, policy="static", max_texts=3, on_joined=lambda batch, waits: joined.append(batch.size)
+    )
+    submitted = [scheduler.submit(source, options) for source, options in requests[:5]]
+    scheduler.step()
+    first_batch = list(scheduler.running)
+    assert first_batch == submitted[:3]  # max_texts, oldest first
+    late = [scheduler.submit(source, options) for source, options in requests[5:]]
+    while any(not request.done for request in first_batch):
+        assert not any(request in scheduler.running for request in submitted[3:] + late)
+        scheduler.step()
+    scheduler.run()
+    assert joined == [3, 3, 1]
+    for request, (source, options) in zip(submitted + late, requests, strict=True):
+        assert_same(request.hypotheses, beam_search(model, [source], options)[0], f"{source} {options}")
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="policy"):
+        Scheduler(random_model(1), policy="eager")
+
+
+def test_a_batch_reports_when_it_joins_and_when_its_last_request_leaves():
+    model = random_model(4)
+    events = []
+    scheduler = Scheduler(
+        model,
+        on_joined=lambda batch, waits: events.append(("joined", batch.size, len(waits))),
+        on_done=lambda batch: events.append(("done", batch.size)),
+    )
+    short = scheduler.submit([3, EOS], DecodingOptions(max_new_tokens=2))
+    long = scheduler.submit([4, 5, EOS], DecodingOptions(max_new_tokens=9, min_new_tokens=9))
+    while not short.done:
+        scheduler.step()
+    assert events == [("joined", 2, 2)]  # the batch still runs: its long request has not left
+    scheduler.cancel(long)
+    scheduler.step()
+    assert events == [("joined", 2, 2), ("done", 2)]
+
+
+def static_loop(gather_s: float) -> tuple[DecodeLoop, list[int]]:
+    """A static DecodeLoop of up to 8 texts a batch, and the sizes of the batches that joined it."""
+    sizes: list[int] = []
+    loop = DecodeLoop(
+        random_model(6), policy="static", max_texts=8, gather_s=gather_s,
+        on_joined=lambda batch, waits: sizes.append(batch.size),
+    )
+    return loop, sizes
+
+
+def test_the_static_loop_gathers_a_batch_for_its_wait_but_a_lone_text_after_a_lone_batch_starts_at_once():
+    loop, sizes = static_loop(gather_s=0.4)
+    options = DecodingOptions(max_new_tokens=3)
+    try:
+        first = [loop.submit([3 + i, EOS], options) for i in range(2)]
+        time.sleep(0.1)  # within the first text's wait: these join its batch
+        first += [loop.submit([9 + i, EOS], options) for i in range(2)]
+        for future in first:
+            future.result(timeout=30)
+        assert sizes == [4]
+        started = time.monotonic()
+        loop.submit([20, EOS], options).result(timeout=30)  # waits out gather_s for company, finds none
+        assert time.monotonic() - started >= 0.35 and sizes == [4, 1]
+        started = time.monotonic()
+        loop.submit([21, EOS], options).result(timeout=30)  # after a batch of one: no wait
+        assert time.monotonic() - started < 0.3 and sizes == [4, 1, 1]
+    finally:
+        loop.close()
+
+
+def test_the_loop_builds_a_steps_finished_requests_together_and_a_failure_reaches_only_their_callers():
+    model = random_model(8)
+    calls = []
+    fail = threading.Event()
+
+    def finish(requests):
+        calls.append(len(requests))
+        if fail.is_set():
+            raise RuntimeError("building failed")
+        return [request.hypotheses[0].token_ids for request in requests]
+
+    # one static batch of three (it joins once all three wait) of equal lengths: they finish at one step
+    loop = DecodeLoop(model, policy="static", max_texts=3, gather_s=30.0, finish=finish)
+    try:
+        options = DecodingOptions(max_new_tokens=4, min_new_tokens=4)
+        sources = [[3, EOS], [4, 5, EOS], [6, EOS]]
+        futures = [loop.submit(source, options) for source in sources]
+        results = [future.result(timeout=30) for future in futures]
+        assert results == [beam_search(model, [source], options)[0][0].token_ids for source in sources]
+        assert calls == [3]
+        fail.set()
+        doomed = [loop.submit([7 + i, EOS], options) for i in range(3)]
+        for future in doomed:
+            with pytest.raises(RuntimeError, match="building failed"):
+                future.result(timeout=30)
+        fail.clear()
+        kept = [loop.submit([7 + i, EOS], options) for i in range(3)]
+        assert all(future.result(timeout=30) for future in kept)  # the loop kept serving
+    finally:
+        loop.close()
+
+
+def test_a_gathering_batch_whose_oldest_source_is_given_up_waits_from_the_next_oldest():
+    """As a caller that timed out: its Future cancelled before its source joined; the rest are not held to its wait."""
+    loop, sizes = static_loop(gather_s=0.5)
+    options = DecodingOptions(max_new_tokens=3)
+    try:
+        started = time.monotonic()
+        oldest = loop.submit([3, EOS], options)
+        time.sleep(0.3)
+        second = loop.submit([4, EOS], options)
+        assert oldest.cancel()
+        second.result(timeout=30)
+        assert time.monotonic() - started >= 0.75  # the second's own wait, not the cancelled one's
+        assert sizes == [1]
+    finally:
+        loop.close()

@@ -255,7 +255,7 @@ def test_submit_takes_the_ids_a_caller_already_tokenized_and_does_not_tokenize_a
     text = "The cat sat on the mat."
     expected = translator.translate([text], beam_size=4)[0]
     (ids,) = translator.encode_source([text])
-    translator.start_continuous()
+    translator.start_loop()
 
     def tokenized_again(*_):
         raise AssertionError("tokenized a second time")

@@ -34,7 +34,7 @@ from tests.harness.services import (  # noqa: F401 (some re-exported: the servic
 )
 
 # Tests of the static batcher's own behaviour (batches, coalesced calls, their metrics).
-static_batcher_only = pytest.mark.skipif(CONTINUOUS, reason="the static batcher's behaviour; continuous has no batches")
+static_batcher_only = pytest.mark.skipif(CONTINUOUS, reason="the static policy's batches and the ingress's coalescing")
 
 
 # ---- float32 bounds between two runs of the same computation ----------------------------------------------------

@@ -1,6 +1,6 @@
-"""`args.scheduler: continuous` on a real `serve run`: the same answers as the static queue, concurrently.
+"""`args.scheduler: continuous` on a real `serve run`: the same answers as the static policy, concurrently.
 
-The session's service (tests/service/conftest.py) runs the static scheduler on the same tiny models;
+The session's service (tests/service/conftest.py) runs the static policy on the same tiny models;
 every text decoded by the continuous loop, among others arriving at random moments with other
 options, must come back as the static service decodes it alone: same text, tokens, alignment and
 explanation id, scores equal to float rounding.
@@ -21,7 +21,7 @@ import pytest
 
 from service.client import AsyncTranslationClient, ServiceError, TranslationClient
 from tests.harness.replica_processes import replica_pids
-from tests.service.conftest import CONTINUOUS, SHIPPED_MODEL, Tolerance
+from tests.service.conftest import SHIPPED_MODEL, Tolerance
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
 SHIPPED = SHIPPED_MODEL
@@ -118,13 +118,15 @@ def test_a_stream_sends_each_settled_token_then_the_translate_result(continuous_
         assert event["attention"] == pytest.approx(row, abs=Tolerance.ATTENTION)
 
 
-def test_static_streams_send_the_result_only(service_url):
-    if CONTINUOUS:  # the session's service runs the static scheduler unless TRANSLATE_TEST_SCHEDULER says
-        pytest.skip("the session's service runs the continuous scheduler")
-    body = {**EN_ZH, "texts": ["I like tea."], "beam_size": 1}
-    static = stream(service_url, dict(body))
-    assert [e["type"] for e in static] == ["start", "result"] and not static[0]["streams_tokens"]
-    assert static[1]["translation"]["text"] == translate(service_url, body).json()["translations"][0]["text"]
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_static_policy_streams_tokens_too(service_url, beam_size):
+    """Both policies run the one decode loop, which hands out settled tokens at every step."""
+    body = {**EN_ZH, "texts": ["We walk to school."], "beam_size": beam_size}
+    events = stream(service_url, dict(body))
+    assert events[0]["streams_tokens"]
+    expected = translate(service_url, {**body, "split_sentences": False}).json()["translations"][0]
+    assert [e["piece"] for e in events if e["type"] == "token"] == expected["target_tokens"]
+    assert events[-1]["translation"]["text"] == expected["text"]
 
 
 # The text of issue #31: /v1/translate splits it, and a stream that did not ended on another translation.

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.harness.prometheus_text import by_label, total
-from tests.service.conftest import CONTINUOUS, static_batcher_only
+from tests.service.conftest import static_batcher_only
 
 pytestmark = pytest.mark.slow
 
@@ -155,10 +155,8 @@ def test_token_counters_and_latency_histograms_move(client):
         assert total(after, name, model="en-zh") > total(before, name, model="en-zh")
     latency = "translation_http_request_duration_seconds_count"
     assert total(after, latency, route="/v1/translate") == total(before, latency, route="/v1/translate") + 1
-    if not CONTINUOUS:  # the continuous scheduler has no batch queue
-        assert total(after, "translation_batch_queue_wait_seconds_count", model="en-zh") > total(
-            before, "translation_batch_queue_wait_seconds_count", model="en-zh"
-        )
+    for name in ("translation_batch_queue_wait_seconds_count", "translation_batch_duration_seconds_count"):
+        assert total(after, name, model="en-zh") > total(before, name, model="en-zh"), name
 
 
 def test_model_info_names_each_served_model(client):

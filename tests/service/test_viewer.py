@@ -19,7 +19,7 @@ import pytest
 
 # The page and the test fetch the same explanation in two requests, perhaps from two replicas: equal to float32
 # rounding (Tolerance, tests/service/conftest.py).
-from tests.service.conftest import CONTINUOUS, SHIFT_MODEL, Tolerance
+from tests.service.conftest import SHIFT_MODEL, Tolerance
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser: Debian's chromium)")
 
@@ -665,8 +665,8 @@ def start_translation(page, model: dict, text: str, beam_size: int = 1, n_best: 
 
 
 def test_a_greedy_translation_goes_through_the_stream_and_shows_what_the_api_answers(page, api, model):
-    """Beam size 1 asks /v1/translate/stream; the static scheduler sends start and result only, the
-    continuous one (TRANSLATE_TEST_SCHEDULER=continuous) every token too."""
+    """Beam size 1 asks /v1/translate/stream, which sends every token as it is decoded under either scheduler
+    policy."""
     text = SENTENCES.get(model["source_lang"], SENTENCES["en"])
     expected = greedy_translation(api, model, text)
     posted: list[str] = []
@@ -679,10 +679,7 @@ def test_a_greedy_translation_goes_through_the_stream_and_shows_what_the_api_ans
     assert page.text_content("#translation-text") == expected["text"]
     assert explanation_id == expected["explanation_id"]
     streamed = page.get_attribute("#translation-text", "data-streamed-tokens")
-    if CONTINUOUS:  # TRANSLATE_TEST_SCHEDULER=continuous: every token came as it was decoded
-        assert streamed is not None and int(streamed) == len(expected["target_tokens"])
-    else:  # no token events came: nothing claims the text was streamed
-        assert streamed is None
+    assert streamed is not None and int(streamed) == len(expected["target_tokens"])  # each as it was decoded
     assert page.locator("#status[data-kind=ok]").count() == 1
 
 
