@@ -189,7 +189,7 @@ class TranslatorDeployment:
                 f"{self.translator.config.max_position_embeddings} tokens (max_source_tokens in GET /v1/models); "
                 "split long texts into sentences"
             ) from None
-        self._check_length_budget(options)
+        self._check_options(options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
         decodes = [
@@ -241,7 +241,7 @@ class TranslatorDeployment:
 
         self._watch_rows()
         try:
-            self._check_length_budget(options)
+            self._check_options(options)
             future = self.translator.submit(text, options, return_attention=attention != "none", on_token=on_token)
         except REFUSALS as error:
             yield Rejected(error)
@@ -261,7 +261,7 @@ class TranslatorDeployment:
             await asyncio.to_thread(self._add_source_shares, [result])
         yield {"type": "result", "translation": result}
 
-    def _check_length_budget(self, options: DecodingOptions) -> None:
+    def _check_options(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             raise InputTooLongError(f"max_length must be at most {limit} for model {self.spec.id}")

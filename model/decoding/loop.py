@@ -34,6 +34,7 @@ from model.transformer import Transformer
 
 EVERY_HEAD, ONE_HEAD, NOTHING = CAPTURE["every_head"], CAPTURE["one_head"], CAPTURE["nothing"]
 host_reads = 0  # device → host copies made by the loop (one per step), for tests and benchmarks
+SEARCH_PARTS = 10  # the tensors `Loop._search` returns per beam size, in the order `Loop.step` reads them
 
 # A streamed token: (request id, its position in the output, token, log-probability, its attention row or None).
 Token = tuple[int, int, int, float, Tensor | None]
@@ -191,8 +192,9 @@ class Loop:
         tokens: list[Token] = []
         finished: list[tuple[int, list[Found]]] = []
         continuing: dict[int, tuple[list[int], list[int]]] = {}  # request id → its next rows (its own 0..k-1), tokens
-        for at, (k, members) in zip(range(0, len(parts), 10), groups.items(), strict=True):
-            beam, token, logprob, chosen, done, score, slot_done, ref, every_maps, one_maps = host[at : at + 10]
+        for at, (k, members) in zip(range(0, len(parts), SEARCH_PARTS), groups.items(), strict=True):
+            parts_of_k = host[at : at + SEARCH_PARTS]
+            beam, token, logprob, chosen, done, score, slot_done, ref, every_maps, one_maps = parts_of_k
             record = _Record(beam.tolist(), token.tolist(), logprob.tolist(), chosen.tolist(), every_maps, one_maps)
             done, score, slot_done, ref = done.tolist(), score.tolist(), slot_done.tolist(), ref.tolist()
             every_at = one_at = 0
@@ -334,8 +336,7 @@ class Loop:
         self.cache.keep(torch.tensor(index, dtype=torch.long, device=self.device), same_sources, moves)
         self.last_tokens = torch.tensor(next_tokens, dtype=torch.long, device=self.device)
         self.requests = order
-        for k in [k for k in self.states if not any(request.k == k for request in order)]:
-            del self.states[k]
+        self._forget_idle_beam_sizes()
 
     def _drop_cancelled(self) -> None:
         if not any(request.cancelled for request in self.requests):
@@ -350,5 +351,9 @@ class Loop:
         self.cache.keep(rows)
         self.last_tokens = self.last_tokens.index_select(0, rows)
         self.requests = kept
-        for k in [k for k in self.states if not any(request.k == k for request in kept)]:
+        self._forget_idle_beam_sizes()
+
+    def _forget_idle_beam_sizes(self) -> None:
+        """The search state of a beam size no running request has."""
+        for k in [k for k in self.states if not any(request.k == k for request in self.requests)]:
             del self.states[k]

@@ -25,13 +25,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from model.decoding.loop import new_loop
-from model.decoding.search import Hypothesis, length_budget, loop_hypotheses
+from model.decoding.search import Hypothesis, encoded, length_budget, loop_hypotheses
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
 from model.runtime import CAPTURE, EagerStep
@@ -70,6 +70,18 @@ class DecodeRequest:
     @property
     def done(self) -> bool:
         return self.hypotheses is not None or self.cancelled
+
+
+class _Submission(NamedTuple):
+    """A source handed to DecodeLoop, waiting in its inbox for the loop's thread."""
+
+    source_ids: list[int]
+    options: DecodingOptions | None
+    return_attention: bool
+    on_token: TokenCallback | None
+    alignment_rows: bool
+    future: Future
+    arrived: float
 
 
 @dataclass(eq=False)
@@ -259,15 +271,9 @@ class Scheduler:
             rows += request.beams
         if not joining:
             return
-        lengths = [len(r.source_ids) for r in joining]
-        width = max(lengths)
-        padded = torch.full((len(joining), width), self.config.pad_token_id, dtype=torch.long)
-        for i, request in enumerate(joining):
-            padded[i, : lengths[i]] = torch.tensor(request.source_ids, dtype=torch.long)
-        padded = padded.to(self.device)
-        mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
-        hidden = self.decoder_step.encode(padded, mask)
-        self._join_the_loop(joining, hidden, lengths)
+        sources = [r.source_ids for r in joining]
+        hidden = encoded(self.decoder_step, sources, self.config.pad_token_id, self.device)
+        self._join_the_loop(joining, hidden, [len(ids) for ids in sources])
 
 
 class DecodeLoop:
@@ -309,7 +315,7 @@ class DecodeLoop:
         self._finish = finish
         self._on_joined = on_joined
         self._last_batch = 0  # sources in the batch that joined last (0: none yet)
-        self._inbox: deque[tuple[str, object]] = deque()
+        self._inbox: deque[tuple[str, _Submission | Future]] = deque()  # ("submit", …) or ("cancel", its Future)
         self._wake = threading.Condition()
         self._futures: dict[int, tuple[DecodeRequest, Future]] = {}
         self._closed = False
@@ -332,10 +338,10 @@ class DecodeLoop:
                 raise RuntimeError("the decode loop is closed")
             if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
-            arrived = time.monotonic()
-            self._inbox.append(
-                ("submit", (list(source_ids), options, return_attention, on_token, alignment_rows, future, arrived))
+            submission = _Submission(
+                list(source_ids), options, return_attention, on_token, alignment_rows, future, time.monotonic()
             )
+            self._inbox.append(("submit", submission))
             self._wake.notify()
         future.add_done_callback(self._given_up)
         return future
@@ -387,8 +393,8 @@ class DecodeLoop:
             if not request.cancelled and id(self._futures[id(request)][1]) not in dropped
         ]
         for kind, payload in self._inbox:
-            if kind == "submit" and not payload[5].cancelled() and id(payload[5]) not in dropped:
-                arrivals.append(payload[-1])
+            if kind == "submit" and not payload.future.cancelled() and id(payload.future) not in dropped:
+                arrivals.append(payload.arrived)
         return arrivals
 
     def _run(self) -> None:
@@ -403,12 +409,13 @@ class DecodeLoop:
                 inbox, self._inbox = list(self._inbox), deque()
             for kind, payload in inbox:
                 if kind == "submit":
-                    source_ids, options, return_attention, on_token, alignment_rows, future, arrived = payload
+                    future = payload.future
                     if not future.set_running_or_notify_cancel():
                         continue
                     try:
                         request = scheduler.submit(
-                            source_ids, options, return_attention, on_token, alignment_rows, arrived
+                            payload.source_ids, payload.options, payload.return_attention, payload.on_token,
+                            payload.alignment_rows, payload.arrived,
                         )
                     except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
                         future.set_exception(error)

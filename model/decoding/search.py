@@ -77,15 +77,8 @@ def beam_search(
     lengths = [len(ids) for ids in source_ids]
     budgets = [length_budget(n, options, config.max_position_embeddings) for n in lengths]
 
-    # Encoder once for the whole batch, right-padded.
-    width = max(lengths)
-    padded = torch.full((batch, width), config.pad_token_id, dtype=torch.long)
-    for i, ids in enumerate(source_ids):
-        padded[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    padded = padded.to(device)
-    mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]  # (B, S)
     step = step if step is not None else EagerStep(model)
-    hidden = step.encode(padded, mask)
+    hidden = encoded(step, source_ids, config.pad_token_id, device)  # the encoder once for the whole batch
     # every source joins the loop now and leaves when done
     what = CAPTURE["every_head"] if return_attention else (
         CAPTURE["nothing"] if alignment_head is None else CAPTURE["one_head"])
@@ -99,6 +92,17 @@ def beam_search(
         _, done = loop.step()
         found.update(done)
     return [loop_hypotheses(found[i], options.n_best, return_attention) for i in ids]
+
+
+def encoded(step, source_ids: list[list[int]], pad: int, device: torch.device) -> Tensor:
+    """The encoder's hidden states (B, S, d_model) of sources right-padded to the longest, by `step`, in one pass."""
+    lengths = [len(ids) for ids in source_ids]
+    width = max(lengths)
+    padded = torch.full((len(source_ids), width), pad, dtype=torch.long)
+    for i, ids in enumerate(source_ids):
+        padded[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    mask = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+    return step.encode(padded.to(device), mask)
 
 
 def loop_hypotheses(found: list, n_best: int, full: bool) -> list[Hypothesis]:
