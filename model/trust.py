@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -74,15 +74,6 @@ class Trust:
     signals: dict[str, float]
     mode: str  # "fast" or "full"
     calibrated: bool  # False: the score is the uncalibrated default (exp of forward_logprob)
-
-    def as_dict(self) -> dict:
-        return {
-            "score": self.score,
-            "flags": [asdict(flag) for flag in self.flags],
-            "signals": self.signals,
-            "mode": self.mode,
-            "calibrated": self.calibrated,
-        }
 
 
 # ---- signals ----------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from service.metrics import (
     service_metrics,
 )
 from service.middleware import ServiceMiddleware, route_path
+from service.records import TranslationRecord
 from service.schemas import (
     ErrorResponse,
     ExplainRequest,
@@ -200,8 +201,8 @@ class Ingress:
             raise result.error  # mapped to its status in service/errors.py like any other error
         return result
 
-    async def translate_call(self, model: str, call: TranslateCall) -> list[dict]:
-        """One outcome per text of `call`, through the model's coalescer, within the in-flight limit and timeout."""
+    async def translate_call(self, model: str, call: TranslateCall) -> list[TranslationRecord]:
+        """One translation per text of `call`, through the model's coalescer, within the in-flight limit and timeout."""
         return await self.call(partial(self.coalescers[model].submit, call))
 
     def _send_translations(self, model: str, requests: list) -> DeploymentResponse:
@@ -256,7 +257,8 @@ class Ingress:
             trust=body.trust,
         )
         outcomes = await self.translate_call(model, call)
-        return json_response({"model": model, "translations": assemble(outcomes, plans, spec.target_lang)})
+        translations = assemble(outcomes, plans, spec.target_lang)
+        return json_response({"model": model, "translations": [translation.json() for translation in translations]})
 
     @api.post(
         "/v1/translate/stream",
@@ -323,13 +325,14 @@ class Ingress:
                             if event["type"] == "token":
                                 yield server_sent_event({**event, "sentence": index})
                             elif event["type"] == "result":
-                                outcomes.append(event["translation"])
+                                outcome = event["translation"]
+                                outcomes.append(outcome)
                                 if len(sentences) > 1:
                                     yield server_sent_event(
-                                        {"type": "sentence", "sentence": index, "translation": event["translation"]}
+                                        {"type": "sentence", "sentence": index, "translation": outcome.json()}
                                     )
                     (translation,) = assemble(outcomes, plans, spec.target_lang)
-                    yield server_sent_event({"type": "result", "translation": translation})
+                    yield server_sent_event({"type": "result", "translation": translation.json()})
                 except Exception as error:  # the answer has begun (200): the failure is its last event
                     _, code, message, _ = describe(error, self.config.retry_after_s)
                     yield server_sent_event({"type": "error", "error": {"code": code, "message": message}})

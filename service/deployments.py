@@ -32,7 +32,8 @@ from service.config import ModelSpec, explanation_secret
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id, encode_explanation_id
 from service.messages import ExplainView, Rejected, TranslateCall
 from service.metrics import replica_identity, service_metrics
-from service.results import attributions_json, explanation_json, hypothesis_json, steps_json
+from service.records import TranslationRecord
+from service.results import attributions_json, explanation_json, steps_json, translation_record
 from service.schemas import V1_MAX_TEXT_CHARS
 
 logger = logging.getLogger("ray.serve")
@@ -163,7 +164,7 @@ class TranslatorDeployment:
         return self.info_json
 
     # ---- translate -----------------------------------------------------------------------
-    async def translate(self, requests: list[TranslateCall]) -> list[list[dict] | Rejected]:
+    async def translate(self, requests: list[TranslateCall]) -> list[list[TranslationRecord] | Rejected]:
         """Translate the requests the ingress coalesced into this call (POST /v1/translate).
 
         One outcome per request: its translations, or why it was refused. A request's failure
@@ -177,7 +178,7 @@ class TranslatorDeployment:
                 logger.error("translation request failed", exc_info=outcome)
         return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 
-    async def _translate(self, call: TranslateCall) -> list[dict]:
+    async def _translate(self, call: TranslateCall) -> list[TranslationRecord]:
         """Each text joins the batch queue on its own, so one request's texts spread over the batch."""
         texts, options, attention, method = call.texts, call.options, call.attention, call.alignment_method
         trust = call.trust
@@ -204,19 +205,18 @@ class TranslatorDeployment:
             await asyncio.to_thread(self._add_source_shares, outcomes)
         return outcomes
 
-    def _add_source_shares(self, translations: list[dict]) -> None:
-        """token_source_shares and source_share (ALTI+) on each translation and alternative, from the tokens
-        its explanation id names; a blank text (no id, nothing decoded) gets [] and null."""
+    def _add_source_shares(self, translations: list[TranslationRecord]) -> None:
+        """token_source_shares (ALTI+, and so source_share) on each translation and alternative, from the tokens
+        its explanation id names; a blank text (no id, nothing decoded) gets [] (and a null source_share)."""
         for translation in translations:
-            for hypothesis in [translation, *(translation.get("alternatives") or [])]:
+            for hypothesis in [translation, *translation.alternatives]:
                 shares: list[float] = []
-                if hypothesis["explanation_id"] is not None:
-                    key = decode_explanation_id(hypothesis["explanation_id"], self.secret)
+                if hypothesis.explanation_id is not None:
+                    key = decode_explanation_id(hypothesis.explanation_id, self.secret)
                     attributions = self.translator.attribute(list(key.source_ids), list(key.target_ids), "alti_plus")
                     shares = attributions.source_share.tolist()
                     self.metrics.forced_decodes.labels(self.spec.id, "source_share").inc()
-                hypothesis["token_source_shares"] = shares
-                hypothesis["source_share"] = sum(shares) / len(shares) if shares else None
+                hypothesis.token_source_shares = shares
 
     async def translate_stream(self, call: TranslateCall) -> AsyncIterator[dict | Rejected]:
         """POST /v1/translate/stream of one text: {"type": "start"} once the text is accepted (or a Rejected
@@ -274,7 +274,7 @@ class TranslatorDeployment:
 
     async def _decode(
         self, text: str, source_ids: list[int], options: DecodingOptions, attention: str, method: str, trust: str
-    ) -> dict:
+    ) -> TranslationRecord:
         """One text (its ids, tokenized once by the caller) through the replica's decode loop, then aligned and
         assessed with the others that finished meanwhile; a caller that stops waiting frees its rows."""
         self._watch_rows()
@@ -286,7 +286,7 @@ class TranslatorDeployment:
             raise
         return await self.finishing.submit(FinishItem(translation, options, attention, method, trust), options)
 
-    async def _finish_batch(self, items: list[FinishItem], _waits: list[float]) -> list[dict]:
+    async def _finish_batch(self, items: list[FinishItem], _waits: list[float]) -> list[TranslationRecord]:
         """The work after the decodes of texts with equal options, together (see BatchQueue): their alignments
         (the reverse model's forced decodes shared), their trust, their JSON."""
 
@@ -298,7 +298,7 @@ class TranslatorDeployment:
             return translations
 
         translations = await asyncio.to_thread(finish)
-        return [self._translation_json(t, item.attention) for t, item in zip(translations, items, strict=True)]
+        return [self._translation_record(t, item.attention) for t, item in zip(translations, items, strict=True)]
 
     def _batch_joined(self, batch: Batch, waits: list[float]) -> None:
         """A batch joined the decode loop (called from its thread)."""
@@ -364,7 +364,7 @@ class TranslatorDeployment:
             gauge.set(self.translator.decoder_rows)
             await asyncio.sleep(0.2)
 
-    def _translation_json(self, translation, attention: str) -> dict:
+    def _translation_record(self, translation: Translation, attention: str) -> TranslationRecord:
         self.metrics.texts.labels(self.spec.id, self.replica).inc()
         self.metrics.source_tokens.labels(self.spec.id).inc(len(translation.source_ids))
         self.metrics.target_tokens.labels(self.spec.id).inc(len(translation.target_ids))
@@ -373,11 +373,11 @@ class TranslatorDeployment:
             for flag in translation.trust.flags:
                 self.metrics.trust_flags.labels(self.spec.id, flag.kind).inc()
         head, shift = self.translator.alignment_head, self.translator.alignment_shift
-        result = hypothesis_json(translation, self._translation_id(translation), attention, head, shift)
-        result["alternatives"] = [
-            hypothesis_json(alternative, self._translation_id(alternative), attention, head, shift)
+        result = translation_record(translation, self._translation_id(translation), attention, head, shift)
+        result.alternatives = [
+            translation_record(alternative, self._translation_id(alternative), attention, head, shift)
             for alternative in translation.alternatives
-        ] or None
+        ]
         return result
 
     def _translation_id(self, translation: Translation) -> str | None:

@@ -1,12 +1,14 @@
-"""Engine results → JSON-ready dicts (lists and floats): the only place tensors become JSON; no arithmetic on
-tensors beyond `.tolist()` (the "summary" head average is taken over the plain lists).
+"""Engine results → the records a translation crosses Ray as (service/records.py) and the JSON-ready dicts of
+explanations: the only place tensors become lists; no arithmetic on tensors beyond `.tolist()` (the "summary"
+head average is taken over the plain lists).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from model import Explanation, Translation
+from model import Explanation, Translation, Trust
+from service.records import AttentionRecord, TranslationRecord, TrustFlagRecord, TrustRecord
 
 
 def head_average(heads: list[list[list[float]]]) -> list[list[float]]:
@@ -25,39 +27,45 @@ def alignment_map(
     return rows[1:] + rows[-1:] if shift and len(rows) > 1 else rows
 
 
-def hypothesis_json(
+def translation_record(
     translation: Translation,
-    explanation_id: str,
+    explanation_id: str | None,
     attention: str,
     alignment_head: tuple[int, int | None],
     shift: bool = False,
-) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "text": translation.text,
-        "source_tokens": translation.source_tokens,
-        "target_tokens": translation.target_tokens,
-        "score": float(translation.score),
-        "token_scores": [float(x) for x in translation.token_logprobs],
-        "alignment": [list(pair) for pair in translation.alignment],
-        "word_alignment": [list(pair) for pair in translation.word_alignment],
-        "source_words": translation.source_words,
-        "target_words": translation.target_words,
-        "alignment_method": translation.alignment_method,
-        "alignment_note": translation.alignment_note,
-        "explanation_id": explanation_id,
-    }
-    if translation.trust is not None:
-        result["trust"] = translation.trust.as_dict()
+) -> TranslationRecord:
+    """One hypothesis (without its alternatives) as the record that crosses Ray (service/records.py)."""
+    maps = None
     if attention != "none" and translation.cross_attention is not None:
         cross_attention = translation.cross_attention.tolist()  # [layer][head][target][source]
-        result["attention"] = {
-            "layer": alignment_head[0],
-            "head": alignment_head[1],
-            "shift": shift,
-            "summary": alignment_map(cross_attention, alignment_head, shift),
-            "cross_attention": cross_attention if attention == "full" else None,
-        }
-    return result
+        maps = AttentionRecord(
+            layer=alignment_head[0],
+            head=alignment_head[1],
+            shift=shift,
+            summary=alignment_map(cross_attention, alignment_head, shift),
+            cross_attention=cross_attention if attention == "full" else None,
+        )
+    return TranslationRecord(
+        text=translation.text,
+        source_tokens=translation.source_tokens,
+        target_tokens=translation.target_tokens,
+        alignment=[list(pair) for pair in translation.alignment],
+        score=float(translation.score),
+        token_scores=[float(x) for x in translation.token_logprobs],
+        word_alignment=[list(pair) for pair in translation.word_alignment],
+        source_words=translation.source_words,
+        target_words=translation.target_words,
+        alignment_method=translation.alignment_method,
+        alignment_note=translation.alignment_note,
+        explanation_id=explanation_id,
+        trust=None if translation.trust is None else trust_record(translation.trust),
+        attention=maps,
+    )
+
+
+def trust_record(trust: Trust) -> TrustRecord:
+    flags = [TrustFlagRecord(flag.kind, flag.side, list(flag.words), list(flag.text)) for flag in trust.flags]
+    return TrustRecord(trust.score, flags, dict(trust.signals), trust.mode, trust.calibrated)
 
 
 def explanation_json(explained: Explanation, model_id: str, explanation_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Protocol
 from starlette.requests import Request
 
 from service.messages import TranslateCall
+from service.records import TranslationRecord
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class TranslationBackend(Protocol):
         """The served models, one pair each."""
         ...
 
-    async def translate_call(self, model: str, call: TranslateCall) -> list[dict]:
-        """One translation object per text of `call` (as /v1/translate gives it), decoded by `model` within the
+    async def translate_call(self, model: str, call: TranslateCall) -> list[TranslationRecord]:
+        """One translation per text of `call` (as /v1/translate gives it), decoded by `model` within the
         service's in-flight limit and request timeout; refusals raise the service's errors (service/errors.py)."""
         ...
 

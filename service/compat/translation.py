@@ -18,6 +18,7 @@ from model import DEFAULT_ALIGNMENT, TRUST_MODES, AlignmentMethod, DecodingOptio
 from service.compat.backend import TranslationBackend
 from service.errors import InvalidParameterError, UnsupportedLanguageError
 from service.messages import TranslateCall
+from service.records import TranslationRecord
 from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
 from service.text.inline_tags import place
 from service.text.languages import Detection, detect, name_of, resolve
@@ -167,12 +168,12 @@ class _Job:
     model: str
     pieces: list[Piece]
     translations: list[list[str]] = field(default_factory=list)  # per piece: best first, then alternatives
-    best: list[dict | None] = field(default_factory=list)  # per piece: the best translation object (alignments)
+    best: list[TranslationRecord | None] = field(default_factory=list)  # per piece: the best one (alignments)
     alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: a block whose tags go by it
 
     def trust_score(self) -> float | None:
         """The least trusted sentence's trust score (None without any: nothing decoded, or trust off)."""
-        scores = [outcome["trust"]["score"] for outcome in self.best if outcome and outcome.get("trust")]
+        scores = [outcome.trust.score for outcome in self.best if outcome and outcome.trust]
         return min(scores) if scores else None
 
     def joined(self, rank: int, target: str) -> str:
@@ -344,7 +345,7 @@ async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best:
         )
         outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):
-            job.translations[index] = [outcome["text"]] + [other["text"] for other in outcome.get("alternatives") or []]
+            job.translations[index] = [outcome.text] + [other.text for other in outcome.alternatives]
             job.best[index] = outcome
 
     await asyncio.gather(*(run(model, places) for model, places in by_model.items()))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import html
 import unicodedata
-from typing import Any
 
+from service.records import TranslationRecord
 from service.text.markup import InlineElement
 
 WORD_BOUNDARY = "\u2581"
@@ -58,10 +58,11 @@ def _widen(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def place(source: str, elements: list[InlineElement], translation: dict[str, Any]) -> str | None:
+def place(source: str, elements: list[InlineElement], translation: TranslationRecord) -> str | None:
     """The translation of `source` as HTML with each element placed by the alignment; None: cannot be placed.
 
-    `elements` carry offsets into `source`; `translation` is a /v1 translation object (text, tokens, alignment).
+    `elements` carry offsets into `source`; of `translation`, the sentence's, its text, tokens and alignment
+    are read.
     1. An element wraps the source tokens whose characters lie inside it (a token cut by the element's edge
        gives up on the sentence).
     2. It is placed around the smallest contiguous stretch of the translation that covers every target token
@@ -73,13 +74,13 @@ def place(source: str, elements: list[InlineElement], translation: dict[str, Any
     Tokens are found in the texts in order after NFKC normalization (what sentencepiece applies); start tags
     are copied byte for byte.
     """
-    target = translation["text"]
-    source_spans = locate(translation["source_tokens"], source)
-    target_spans = locate(translation["target_tokens"], target)
+    target = translation.text
+    source_spans = locate(translation.source_tokens, source)
+    target_spans = locate(translation.target_tokens, target)
     if source_spans is None or target_spans is None:
         return None
     aligned: dict[int, list[tuple[int, int]]] = {}
-    for source_index, target_index in translation["alignment"]:
+    for source_index, target_index in translation.alignment:
         span = target_spans[target_index]
         if span is not None and source_spans[source_index] is not None:
             aligned.setdefault(source_index, []).append(span)

@@ -5,12 +5,8 @@ object laid end to end (`plan_texts`, `model_texts`, `assemble`; the shape schem
 
 from __future__ import annotations
 
-from typing import Any
-
+from service.records import TranslationRecord, TrustFlagRecord, TrustRecord
 from service.text.sentences import Piece, join, split
-
-# The pair lists and the lists their [source_index, target_index] pairs point into.
-_INDEXED = {"alignment": ("source_tokens", "target_tokens"), "word_alignment": ("source_words", "target_words")}
 
 
 def text_pieces(text: str, language: str, split_sentences: bool = True, cut_long: bool = False) -> list[Piece]:
@@ -43,9 +39,11 @@ def model_texts(texts: list[str], plans: list[list[Piece] | None]) -> list[str]:
     return out
 
 
-def assemble(outcomes: list[dict], plans: list[list[Piece] | None], target_language: str) -> list[dict]:
-    """One translation object per client text, from the model's outcomes in model_texts' order."""
-    results: list[dict] = []
+def assemble(
+    outcomes: list[TranslationRecord], plans: list[list[Piece] | None], target_language: str
+) -> list[TranslationRecord]:
+    """One translation per client text, from the model's outcomes in model_texts' order."""
+    results: list[TranslationRecord] = []
     position = 0
     for pieces in plans:
         if pieces is None:
@@ -58,66 +56,49 @@ def assemble(outcomes: list[dict], plans: list[list[Piece] | None], target_langu
     return results
 
 
-def _joined(pieces: list[Piece], sentences: list[dict], target_language: str) -> dict[str, Any]:
-    translations = iter(sentence["text"] for sentence in sentences)
-    result: dict[str, Any] = {
-        "text": join(pieces, [next(translations) if piece.sentence else "" for piece in pieces], target_language),
-        "source_tokens": [],
-        "target_tokens": [],
-        "score": 0.0,
-        "token_scores": [],
-        "alignment": [],
-        "word_alignment": [],
-        "source_words": [],
-        "target_words": [],
-        "explanation_id": None,
-    }
+def _joined(pieces: list[Piece], sentences: list[TranslationRecord], target_language: str) -> TranslationRecord:
+    translations = iter(sentence.text for sentence in sentences)
+    text = join(pieces, [next(translations) if piece.sentence else "" for piece in pieces], target_language)
+    result = TranslationRecord(text=text, source_tokens=[], target_tokens=[], alignment=[], sentences=sentences)
     for sentence in sentences:
-        for key, (source_list, target_list) in _INDEXED.items():
-            source_offset, target_offset = len(result[source_list]), len(result[target_list])
-            result[key].extend([s + source_offset, t + target_offset] for s, t in sentence[key])
-        for key in ("source_tokens", "target_tokens", "token_scores", "source_words", "target_words"):
-            result[key].extend(sentence[key])
-        result["score"] += sentence["score"]
-    if sentences and all("token_source_shares" in sentence for sentence in sentences):  # asked for: source_share true
-        shares = [share for sentence in sentences for share in sentence["token_source_shares"]]
-        result["token_source_shares"] = shares
-        result["source_share"] = sum(shares) / len(shares) if shares else None
-    methods = {sentence.get("alignment_method", "head") for sentence in sentences}
-    result["alignment_method"] = "agreement" if methods == {"agreement"} else "head"
-    notes = [sentence["alignment_note"] for sentence in sentences if sentence.get("alignment_note")]
-    result["alignment_note"] = notes[0] if notes else None
+        source_offset, target_offset = len(result.source_tokens), len(result.target_tokens)
+        result.alignment.extend([s + source_offset, t + target_offset] for s, t in sentence.alignment)
+        source_offset, target_offset = len(result.source_words), len(result.target_words)
+        result.word_alignment.extend([s + source_offset, t + target_offset] for s, t in sentence.word_alignment)
+        result.source_tokens.extend(sentence.source_tokens)
+        result.target_tokens.extend(sentence.target_tokens)
+        result.token_scores.extend(sentence.token_scores)
+        result.source_words.extend(sentence.source_words)
+        result.target_words.extend(sentence.target_words)
+        result.score += sentence.score
+    if sentences and all(sentence.token_source_shares is not None for sentence in sentences):  # source_share true
+        result.token_source_shares = [share for sentence in sentences for share in sentence.token_source_shares]
+    methods = {sentence.alignment_method for sentence in sentences}
+    result.alignment_method = "agreement" if methods == {"agreement"} else "head"
+    notes = [sentence.alignment_note for sentence in sentences if sentence.alignment_note]
+    result.alignment_note = notes[0] if notes else None
     if methods == {"agreement", "head"}:
-        result["alignment_note"] = "some sentences' alignment is the head's one-best (see `sentences`)"
-    trusts = [sentence.get("trust") for sentence in sentences]
-    if sentences and all(trusts):
-        result["trust"] = _joined_trust(sentences)
-    result["sentences"] = sentences
+        result.alignment_note = "some sentences' alignment is the head's one-best (see `sentences`)"
+    if sentences and all(sentence.trust is not None for sentence in sentences):
+        result.trust = _joined_trust(sentences)
     return result
 
 
-def _joined_trust(sentences: list[dict]) -> dict[str, Any]:
+def _joined_trust(sentences: list[TranslationRecord]) -> TrustRecord:
     """A text's trust from its sentences': the least trusted sentence's score, every flag with its word indices
     moved onto the concatenated word lists, no signals (each sentence has its own)."""
-    scores = [sentence["trust"]["score"] for sentence in sentences]
-    weakest = min(range(len(scores)), key=scores.__getitem__)
+    trusts = [sentence.trust for sentence in sentences]
+    weakest = min(range(len(trusts)), key=lambda index: trusts[index].score)
     flags = []
     offsets = {"source": 0, "target": 0}
-    for sentence in sentences:
-        for flag in sentence["trust"]["flags"]:
-            offset = offsets[flag["side"]]
-            flags.append({**flag, "words": [w + offset for w in flag["words"]]})
-        offsets["source"] += len(sentence["source_words"])
-        offsets["target"] += len(sentence["target_words"])
-    trust = sentences[weakest]["trust"]
-    return {
-        "score": scores[weakest],
-        "flags": flags,
-        "signals": {},
-        "mode": trust["mode"],
-        "calibrated": trust["calibrated"],
-        "sentence": weakest,
-    }
+    for sentence, trust in zip(sentences, trusts, strict=True):
+        for flag in trust.flags:
+            offset = offsets[flag.side]
+            flags.append(TrustFlagRecord(flag.kind, flag.side, [w + offset for w in flag.words], flag.text))
+        offsets["source"] += len(sentence.source_words)
+        offsets["target"] += len(sentence.target_words)
+    trust = trusts[weakest]
+    return TrustRecord(trust.score, flags, {}, trust.mode, trust.calibrated, sentence=weakest)
 
 
 __all__ = ["assemble", "model_texts", "plan_texts", "text_pieces"]

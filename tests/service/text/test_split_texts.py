@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from service.records import TranslationRecord
 from service.text.sentences import Piece
 from service.text.split_texts import assemble, model_texts, plan_texts, text_pieces
 
@@ -17,20 +18,19 @@ EN_ZH = {"source_lang": "en", "target_lang": "zh"}
 ZH_EN = {"source_lang": "zh", "target_lang": "en"}
 
 
-def sentence(text: str, source: list[str], target: list[str]) -> dict:
-    return {
-        "text": text,
-        "source_tokens": source,
-        "target_tokens": target,
-        "score": -1.0,
-        "token_scores": [-0.5, -0.5],
-        "alignment": [[0, 0], [0, 1]],
-        "word_alignment": [[0, 0], [0, 1]],
-        "source_words": source,
-        "target_words": target,
-        "explanation_id": f"id-{text}",
-        "alternatives": None,
-    }
+def sentence(text: str, source: list[str], target: list[str]) -> TranslationRecord:
+    return TranslationRecord(
+        text=text,
+        source_tokens=source,
+        target_tokens=target,
+        alignment=[[0, 0], [0, 1]],
+        score=-1.0,
+        token_scores=[-0.5, -0.5],
+        word_alignment=[[0, 0], [0, 1]],
+        source_words=source,
+        target_words=target,
+        explanation_id=f"id-{text}",
+    )
 
 
 def test_only_texts_of_two_or_more_sentences_are_split():
@@ -49,13 +49,16 @@ def test_sentence_answers_are_joined_and_laid_end_to_end():
     plans = plan_texts(["One. Two.", "Alone."], "en", True)
     first = sentence("一。", ["▁One", "</s>"], ["一", "。"])
     second = sentence("二。", ["▁Two", "</s>"], ["二", "。"])
-    alone: dict = {}
+    alone = sentence("独。", ["▁Alone", "</s>"], ["独", "。"])
     (joined, whole) = assemble([first, second, alone], plans, "zh")
     assert whole is alone
-    assert joined["text"] == "一。二。" and joined["sentences"] == [first, second]
-    assert joined["source_tokens"] == ["▁One", "</s>", "▁Two", "</s>"]
-    assert joined["alignment"] == [[0, 0], [0, 1], [2, 2], [2, 3]]
-    assert joined["score"] == -2.0 and joined["explanation_id"] is None and "alternatives" not in joined
+    assert joined.text == "一。二。" and joined.sentences == [first, second]
+    assert joined.source_tokens == ["▁One", "</s>", "▁Two", "</s>"]
+    assert joined.alignment == [[0, 0], [0, 1], [2, 2], [2, 3]]
+    assert joined.word_alignment == [[0, 0], [0, 1], [2, 2], [2, 3]]
+    answer = joined.json()
+    assert answer["score"] == -2.0 and answer["explanation_id"] is None and "alternatives" not in answer
+    assert answer["sentences"] == [first.json(), second.json()] and "trust" not in answer
 
 
 def test_text_pieces_keep_a_text_whole_without_splitting():
