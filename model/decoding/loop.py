@@ -262,11 +262,12 @@ class Loop:
         return [choice.beam, choice.token, choice.logprob, choice.chosen, choice.done, state.finished,
                 state.finished_done, state.finished_ref, *maps]
 
-    def _trace(self, request: _Request, step: int, candidate: int) -> _Path:
-        """The path that candidate `candidate` of the request's step `step` ends, back to its first token, with the
-        attention rows that produced each token where the request keeps them (cut to its source)."""
+    def _trace(self, request: _Request, step: int, candidate: int, first: int = 0) -> _Path:
+        """The path that candidate `candidate` of the request's step `step` ends, back to its token at position
+        `first` (0: its first token), with the attention rows that produced each token where the request keeps
+        them (cut to its source)."""
         tokens, logprobs, attention = [], [], []
-        while True:
+        while step >= first:
             record, g, offset = request.records[step]
             beam = record.beam[g][candidate]
             tokens.append(record.token[g][candidate])
@@ -274,11 +275,10 @@ class Loop:
             if offset >= 0:
                 maps = record.every_head if request.capture == EVERY_HEAD else record.one_head
                 attention.append(maps[offset + beam, ..., : request.length])
-            if step == 0:
-                break
             step -= 1
-            previous, previous_g, _ = request.records[step]
-            candidate = previous.chosen[previous_g][beam]  # the candidate running beam `beam` continued
+            if step >= first:
+                previous, previous_g, _ = request.records[step]
+                candidate = previous.chosen[previous_g][beam]  # the candidate running beam `beam` continued
         tokens.reverse()
         logprobs.reverse()
         attention.reverse()
@@ -289,15 +289,17 @@ class Loop:
     ) -> None:
         """Hand out the tokens of a streamed request that no later step can take back, from the first not handed
         out yet: the prefix its running beams and its finished hypotheses share (greedy: each token as it comes),
-        and, once it is done, the rest of its best hypothesis (csrc/decoding.h's `settled`)."""
-        k = request.k
-        paths = [self._trace(request, *divmod(reference, 2 * k)) for _, reference in slots]  # best first
+        and, once it is done, the rest of its best hypothesis (csrc/decoding.h's `settled`). Every path already
+        shares the tokens handed out, so each is traced back only to the first one not handed out: a step costs
+        the unsettled stretch, not the whole length."""
+        k, start = request.k, request.emitted
+        paths = [self._trace(request, *divmod(reference, 2 * k), start) for _, reference in slots]  # best first
         if done:
             if not paths:
                 return
             paths = paths[:1]  # the answer
         else:
-            paths += [self._trace(request, request.step - 1, candidate) for candidate in chosen]
+            paths += [self._trace(request, request.step - 1, candidate, start) for candidate in chosen]
         first = paths[0]
         shared = len(first.tokens)
         for path in paths[1:]:
@@ -305,10 +307,10 @@ class Loop:
             while same < limit and path.tokens[same] == first.tokens[same]:
                 same += 1
             shared = same
-        for t in range(request.emitted, shared):
-            attention = first.attention[t] if t < len(first.attention) else None
-            tokens.append((request.id, t, first.tokens[t], first.logprobs[t], attention))
-        request.emitted = max(request.emitted, shared)
+        for i in range(shared):
+            attention = first.attention[i] if i < len(first.attention) else None
+            tokens.append((request.id, start + i, first.tokens[i], first.logprobs[i], attention))
+        request.emitted = start + shared
 
     def _keep(self, firsts: list[int], continuing: dict[int, tuple[list[int], list[int]]]) -> None:
         """After a step: the rows the next step continues, each request's beams on its own rows (reordered), and
