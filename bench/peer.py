@@ -75,6 +75,7 @@ OURS = {
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
     "calls4": {"coalesce_max_calls": 4},  # a call queued behind the one decoding on each of the two replicas
+    "ongoing64": {"translator_max_ongoing_requests": 64},  # the translators' max_ongoing_requests before 2026-12-05
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 
@@ -92,6 +93,10 @@ def ours_config(name: str, port: int) -> dict:
         if key == "dtype":  # per model
             for spec in application["args"]["models"]:
                 spec["dtype"] = value
+        elif key == "translator_max_ongoing_requests":  # a deployment option of every translator
+            for deployment in application["deployments"]:
+                if deployment["name"].startswith("translator-"):
+                    deployment["max_ongoing_requests"] = value
         else:  # the app's own args (scheduler, coalesce_max_calls)
             application["args"][key] = value
     return config

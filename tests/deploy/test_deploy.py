@@ -110,12 +110,15 @@ GPU_MEASURED_ARGS = ("max_batch_size", "max_rows")
 
 
 def without_gpu_settings(serve_config: dict) -> list[dict]:
-    """The config's applications less each deployment's ray_actor_options.num_gpus and the arguments measured on a
-    GPU apart (GPU_MEASURED_ARGS)."""
+    """The config's applications less each deployment's ray_actor_options.num_gpus, the translators'
+    max_ongoing_requests (at least max_batch_size, which differs) and the arguments measured on a GPU apart
+    (GPU_MEASURED_ARGS)."""
     applications = copy.deepcopy(serve_config["applications"])
     for application in applications:
         for deployment in application["deployments"]:
             deployment.get("ray_actor_options", {}).pop("num_gpus", None)
+            if deployment["name"].startswith("translator-"):
+                deployment.pop("max_ongoing_requests", None)
         for name in GPU_MEASURED_ARGS:
             application.get("args", {}).pop(name, None)
     return applications
