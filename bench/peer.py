@@ -75,6 +75,8 @@ OURS = {
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
     "calls4": {"coalesce_max_calls": 4},  # a call queued behind the one decoding on each of the two replicas
+    "calls3": {"coalesce_max_calls": 3},
+    "nowait": {"batch_wait_timeout_s": 0},  # a static batch joins without waiting for company
     "ongoing64": {"translator_max_ongoing_requests": 64},  # the translators' max_ongoing_requests before 2026-12-05
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
