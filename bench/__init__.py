@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,17 @@ def write_report(report: dict, output: str | Path | None, default_name: str) -> 
     path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     return path
+
+
+def close_report(report: dict, output: str | Path | None, default_name: str, table: Callable[[dict], str]) -> int:
+    """The end of a model benchmark: the machine with torch's threads into `report`, its table printed, its JSON
+    written (write_report); returns the exit status."""
+    import torch  # imported when a report is made: torch stays out of `import bench`
+
+    report["machine"] = machine(threads=torch.get_num_threads())
+    print(table(report))
+    write_report(report, output, default_name)
+    return 0
 
 
 def named_models(items: list[str]) -> dict[str, str]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench import SHARED_DATA, machine, named_models, write_report
+from bench import SHARED_DATA, close_report, named_models
 from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.training.trust_data import CATEGORIES, labelled_sources, translate_and_label
@@ -97,6 +98,16 @@ def mode_cost(model: Translator, reverse: Translator, texts: list[str], rounds: 
     }
 
 
+def directions(models: list[str], dtype: str) -> Iterator[tuple[str, str, Translator, Translator]]:
+    """Per `NAME` or `NAME=DIRECTORY` of `models`: its name, path, the model, and the model of the other direction
+    (the one named beside it, else the shipped one), both loaded as `dtype` decodes."""
+    paths = named_models(models)
+    for name, path in paths.items():
+        model = Translator.from_pretrained(path, dtype=dtype)
+        reverse = Translator.from_pretrained(paths.get(REVERSE[name], REVERSE[name]), dtype=dtype)
+        yield name, path, model, reverse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(DATA))
@@ -106,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust", *sys.argv[1:]]), "models": {}}
-    paths = named_models(args.models)
-    for name, path in paths.items():
-        model = Translator.from_pretrained(path, dtype=args.dtype)
-        reverse = Translator.from_pretrained(paths.get(REVERSE[name], REVERSE[name]), dtype=args.dtype)
+    for name, path, model, reverse in directions(args.models, args.dtype):
         source_language, target_language = name.split("-")
         items = labelled_sources(args.data, source_language, target_language, model, "test")
         timing = translate_and_label(items, model, reverse, target_language)
@@ -150,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             "cost": mode_cost(model, reverse, clean),
             "seconds": timing["seconds"],
         }
-    import torch
-
-    report["machine"] = machine(threads=torch.get_num_threads())
-    print(format_table(report))
-    write_report(report, args.output, "trust.json")
-    return 0
+    return close_report(report, args.output, "trust.json", format_table)
 
 
 def format_table(report: dict) -> str:

@@ -14,7 +14,9 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
+from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.tokenizer import is_cjk
 from model.training.recipe import development_pairs
@@ -39,6 +41,8 @@ class Item:
     signals: dict | None = None  # the "full" signals of the translation
     flags: list | None = None
     ids: tuple[list[int], list[int]] | None = None  # (source ids, target ids) of the translation
+    set: str = ""  # held_out_sets: which set ("tatoeba", "hsk", "long", "tico19")
+    group: int = -1  # held_out_sets: items made from the same source(s) share a group
 
 
 def good_chrf(language: str) -> float:
@@ -90,26 +94,97 @@ def labelled_sources(
     rng = random.Random(f"{seed}:{part}:{source_language}")
     items = [Item(s, pairs[s], "clean") for s in sources]
     rare = rare_words(translator)
-    join_source, join_target = _joiner(source_language), _joiner(target_language)
     for index, source in enumerate(sources[::3]):
-        kind = ("rare", "doubled", "dropped")[index % 3]
-        if kind == "rare":
-            prefix = join_source.join(rng.sample(rare, 2))
-            perturbed = prefix + join_source + source
-            references = pairs[source]
-        elif kind == "doubled":
-            perturbed = source + join_source + source
-            references = [r + join_target + r for r in pairs[source]]
-        else:
-            positions = [i for i, c in enumerate(source) if not c.isspace()]
-            drop = set(rng.sample(positions, max(1, len(positions) // 6)))
-            perturbed = "".join(c for i, c in enumerate(source) if i not in drop)
-            references = pairs[source]
-        items.append(Item(perturbed, references, "perturbed", kind))
+        items.append(_perturbed(source, pairs[source], index, rng, rare, source_language, target_language))
+    join_source, join_target = _joiner(source_language), _joiner(target_language)
     for start in range(0, len(sources) - 2, 12):
         group = sources[start : start + 3]
         items.append(Item(join_source.join(group), [join_target.join(pairs[s][0] for s in group)], "long"))
     return items
+
+
+def _perturbed(
+    source: str, references: list[str], index: int, rng: random.Random, rare: list[str], source_language: str,
+    target_language: str,
+) -> Item:
+    """The perturbed copy of a source: two rare words prepended, the sentence doubled or characters dropped, in
+    turn by `index`."""
+    join_source, join_target = _joiner(source_language), _joiner(target_language)
+    kind = ("rare", "doubled", "dropped")[index % 3]
+    if kind == "rare":
+        perturbed = join_source.join(rng.sample(rare, 2)) + join_source + source
+    elif kind == "doubled":
+        perturbed = source + join_source + source
+        references = [r + join_target + r for r in references]
+    else:
+        positions = [i for i, c in enumerate(source) if not c.isspace()]
+        drop = set(rng.sample(positions, max(1, len(positions) // 6)))
+        perturbed = "".join(c for i, c in enumerate(source) if i not in drop)
+    return Item(perturbed, references, "perturbed", kind)
+
+
+HELD_OUT_SETS = ("tatoeba", "hsk", "long", "tico19")  # tico19: tested on only, never fitted on
+
+
+def held_out_sets(
+    data: str, source_language: str, target_language: str, translator: Translator, seed: int = 7,
+    limit: int | None = None,
+) -> list[Item]:
+    """Every labelled item by set and group, for fitting on some sets and testing on another (bench.trust_heldout).
+
+    tatoeba, hsk: the recipe's development sources (both halves) and a perturbed copy of every third; long: three
+    consecutive sources joined, from the fourth of the Tatoeba and HSK sources set aside for it (so none of its
+    sources is in another set); tico19: TICO-19's test sentences (out of domain; test only) and a perturbed copy of
+    every third. A source and its perturbed copy share a group. Items longer than the model accepts are left
+    out (with their copies).
+    `limit`: the first N sources per set.
+    """
+    parts = development_pairs(data)
+    by_set: dict[str, dict[str, list[str]]] = {}
+    for name in ("tatoeba", "hsk"):
+        pairs = by_set.setdefault(name, {})
+        for pair in parts[name]:
+            source, target = (pair.english, pair.chinese) if source_language == "en" else (pair.chinese, pair.english)
+            pairs.setdefault(source, []).append(target)
+    root = Path(data) / "tico19-en-zh"
+    english, chinese = ((root / f"test.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "zh"))
+    pairs = by_set.setdefault("tico19", {})
+    for en, zh in zip(english, chinese, strict=True):
+        source, target = (en, zh) if source_language == "en" else (zh, en)
+        if source.strip() and target.strip():
+            pairs.setdefault(source, []).append(target)
+    rng = random.Random(f"{seed}:held-out:{source_language}")
+    rare = rare_words(translator)
+    join_source, join_target = _joiner(source_language), _joiner(target_language)
+    items: list[Item] = []
+    for name, pairs in by_set.items():
+        sources = list(pairs)[:limit]
+        singles = sources if name == "tico19" else [s for i, s in enumerate(sources) if i % 4 != 3]
+        for index, source in enumerate(singles):
+            group = len(items)
+            items.append(Item(source, pairs[source], "clean", set=name, group=group))
+            if index % 3 == 0:
+                copy = _perturbed(source, pairs[source], index // 3, rng, rare, source_language, target_language)
+                copy.set, copy.group = name, group
+                items.append(copy)
+        if name != "tico19":
+            joined = [s for i, s in enumerate(sources) if i % 4 == 3]
+            for start in range(0, len(joined) - 2, 3):
+                chosen = joined[start : start + 3]
+                references = [join_target.join(pairs[s][0] for s in chosen)]
+                items.append(Item(join_source.join(chosen), references, "long", set="long", group=len(items)))
+    kept = [item for item in items if _fits(translator, item.source)]
+    whole = {item.group for item in kept if item.category != "perturbed"}  # a copy without its source goes too
+    return [item for item in kept if item.group in whole]
+
+
+def _fits(translator: Translator, text: str) -> bool:
+    """Whether the model accepts `text` whole (a long TICO-19 sentence doubled may not)."""
+    try:
+        translator.encode_source([text])
+    except InputTooLongError:
+        return False
+    return True
 
 
 def translate_and_label(

@@ -11,7 +11,16 @@ import shutil
 import pytest
 
 from model import DecodingOptions, InvalidInputError, Translator
-from model.trust import CALIBRATION_NAME, FAST_SIGNALS, FULL_SIGNALS, Calibration, fit_mode, roc_auc, tandem_repeats
+from model.trust import (
+    CALIBRATION_NAME,
+    FAST_SIGNALS,
+    FULL_SIGNALS,
+    Calibration,
+    auc_gain_interval,
+    fit_mode,
+    roc_auc,
+    tandem_repeats,
+)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +105,19 @@ def test_roc_auc_counts_pairs():
     pairs = [(g, b) for g, lg in zip(scores, labels) if lg for b, lb in zip(scores, labels) if not lb]
     expected = sum(1.0 if g > b else 0.5 if g == b else 0.0 for g, b in pairs) / len(pairs)
     assert roc_auc(scores, labels) == pytest.approx(expected)
+
+
+def test_the_auc_gain_interval_is_zero_for_the_same_scores_and_covers_a_real_gain():
+    rng = random.Random(3)
+    labels = [rng.random() < 0.6 for _ in range(400)]
+    labels = [int(label) for label in labels]
+    groups = [i // 2 for i in range(400)]  # pairs drawn together
+    baseline = [rng.random() for _ in labels]  # chance: AUC near 0.5
+    perfect = [label + rng.random() * 0.1 for label in labels]  # AUC 1
+    assert auc_gain_interval(groups, labels, baseline, baseline, rounds=200) == (0.0, 0.0)
+    low, high = auc_gain_interval(groups, labels, perfect, baseline, rounds=400)
+    gain = roc_auc(perfect, labels) - roc_auc(baseline, labels)
+    assert low < gain < high and 0.3 < low and high < 0.7  # 1 − (a chance AUC), give or take its sampling spread
 
 
 def test_tandem_repeats_need_the_back_to_back_stretch():
