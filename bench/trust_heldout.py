@@ -15,14 +15,18 @@ filter (trust_data.translate_and_label). The shipped calibration is not used: ev
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from bench import SHARED_DATA, close_report
 from bench.trust import directions
+from model.errors import InputTooLongError
 from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, translate_and_label
+from model.translator import Translator
 from model.trust import FAST_SIGNALS, FULL_SIGNALS, auc_gain_interval, fit_mode, roc_auc
 
-MODES = {"fast": FAST_SIGNALS, "full": FULL_SIGNALS}
+CANDIDATES = ("sent_std", "contrastive_logprob")  # signals measured for trust, not (yet) in its served score
+ORIENTATION = {"sent_std": -1, "contrastive_logprob": 1}  # set before looking at any data: +1 where higher is better
 FITTED_ON = ("tatoeba", "hsk", "long")  # the sets a calibration may be fitted on (TICO-19 is test only)
 
 
@@ -30,8 +34,38 @@ def fitting_sets(held_out: str) -> list[str]:
     return [name for name in FITTED_ON if name != held_out]
 
 
-def evaluate(items: list[Item], rounds: int, seed: int) -> dict:
-    """Per held-out set: counts, Seq-Logprob's AUC, and each mode's refitted AUC and gain with its interval."""
+def add_candidates(model: Translator, items: list[Item]) -> None:
+    """The candidate signals (CANDIDATES) of each translation: Sent-Std, the spread of its token log-probabilities
+    (Fomicheva et al. 2020), and the contrastive log-probability, its mean token log-probability from the source
+    less that from an empty source (HalOmi), both teacher-forced through the exact model."""
+    for item in items:
+        logprobs = item.token_logprobs or [0.0]
+        mean = sum(logprobs) / len(logprobs)
+        item.signals["sent_std"] = math.sqrt(sum((x - mean) ** 2 for x in logprobs) / len(logprobs))
+        try:
+            given = model.force(item.source, item.translation).token_logprobs
+            alone = model.force("", item.translation).token_logprobs
+        except InputTooLongError:  # the translation re-tokenized runs past the model's positions: no evidence
+            given = alone = [0.0]
+        item.signals["contrastive_logprob"] = sum(given) / len(given) - sum(alone) / len(alone)
+
+
+def signal_sets(candidates: bool) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The signal sets a calibration is refitted on: name → (signals, the set scoring a translation the reverse
+    model could not read back)."""
+    sets = {"fast": (FAST_SIGNALS, "fast"), "full": (FULL_SIGNALS, "fast")}
+    if candidates:
+        for name in CANDIDATES:
+            sets[f"fast + {name}"] = ((*FAST_SIGNALS, name), f"fast + {name}")
+        sets["fast + both"] = ((*FAST_SIGNALS, *CANDIDATES), "fast + both")
+        sets["full + both"] = ((*FULL_SIGNALS, *CANDIDATES), "fast + both")
+    return sets
+
+
+def evaluate(items: list[Item], rounds: int, seed: int, candidates: bool = False) -> dict:
+    """Per held-out set: counts, Seq-Logprob's AUC and each candidate's alone, and for each signal set its
+    refitted AUC and gain over Seq-Logprob with its interval."""
+    sets = signal_sets(candidates)
     rows = {}
     for held_out in HELD_OUT_SETS:
         test = [item for item in items if item.set == held_out]
@@ -48,18 +82,24 @@ def evaluate(items: list[Item], rounds: int, seed: int) -> dict:
             "fit_translations": len(fit),
             "seq_logprob_auc": round(roc_auc(baseline, labels), 4),
         }
+        if candidates:
+            row["alone"] = {
+                name: round(roc_auc([ORIENTATION[name] * item.signals[name] for item in test], labels), 4)
+                for name in CANDIDATES
+            }
         calibrations: dict = {}
-        for mode, names in MODES.items():
-            # as served: a translation the reverse model cannot read back (too long for it) is scored as "fast"
+        for set_name, (names, fallback) in sets.items():
             fitted = [item for item in fit if all(name in item.signals for name in names)]
-            calibrations[mode] = fit_mode([item.signals for item in fitted], [item.good for item in fitted], names)
-            scores = [
-                calibrations[mode if all(name in item.signals for name in names) else "fast"].probability(item.signals)
+            calibrations[set_name] = fit_mode([item.signals for item in fitted], [item.good for item in fitted], names)
+            scores = [  # as served: one the reverse model cannot read back (too long for it) is scored without it
+                calibrations[set_name if all(name in item.signals for name in names) else fallback].probability(
+                    item.signals
+                )
                 for item in test
             ]
             auc = roc_auc(scores, labels)
             low, high = auc_gain_interval(groups, labels, scores, baseline, rounds, seed)
-            row[mode] = {
+            row[set_name] = {
                 "auc": round(auc, 4),
                 "gain": round(auc - row["seq_logprob_auc"], 4),
                 "gain_95": [round(low, 4), round(high, 4)],
@@ -76,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dtype", default="auto", help="how the models decode (default auto: as served)")
+    parser.add_argument(
+        "--candidates",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the candidate signals (CANDIDATES), alone and added to the served ones",
+    )
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust_heldout", *sys.argv[1:]]), "models": {}}
@@ -83,35 +129,36 @@ def main(argv: list[str] | None = None) -> int:
         source_language, target_language = name.split("-")
         items = held_out_sets(args.data, source_language, target_language, model, args.seed, args.limit)
         timing = translate_and_label(items, model, reverse, target_language)
+        if args.candidates:
+            add_candidates(model, items)
         report["models"][name] = {
             "path": str(path),
             "weights_digest": model.weights_digest,
-            "held_out": evaluate(items, args.rounds, args.seed),
+            "held_out": evaluate(items, args.rounds, args.seed, args.candidates),
             "seconds": timing["seconds"],
         }
     return close_report(report, args.output, "trust-heldout.json", format_table)
 
 
 def format_table(report: dict) -> str:
+    """One line per direction, held-out set and scorer: Seq-Logprob, each candidate alone, each refitted set."""
     lines = [
         "",
-        "| direction | held out (bad / all) | fitted on | Seq-Logprob AUC | fast: AUC, gain [95 %] "
-        "| full: AUC, gain [95 %] |",
+        "| direction | held out (bad / all) | fitted on | scored by | AUC | gain over Seq-Logprob [95 %] |",
         "|---|---|---|---|---|---|",
     ]
     for name, result in report["models"].items():
         for held_out, row in result["held_out"].items():
-            cells = [
-                name,
-                f"{held_out} ({row['bad']} / {row['translations']})",
-                ", ".join(row["fitted_on"]),
-                f"{row['seq_logprob_auc']:.3f}",
-            ]
-            for mode in MODES:
-                value = row[mode]
-                low, high = value["gain_95"]
-                cells.append(f"{value['auc']:.3f}, {value['gain']:+.3f} [{low:+.3f}, {high:+.3f}]")
-            lines.append("| " + " | ".join(cells) + " |")
+            first = [name, f"{held_out} ({row['bad']} / {row['translations']})", ", ".join(row["fitted_on"])]
+            lines.append("| " + " | ".join([*first, "Seq-Logprob", f"{row['seq_logprob_auc']:.3f}", ""]) + " |")
+            for signal, auc in row.get("alone", {}).items():
+                gain = auc - row["seq_logprob_auc"]
+                lines.append("| " + " | ".join([*first, f"{signal} alone", f"{auc:.3f}", f"{gain:+.3f}"]) + " |")
+            for set_name, value in row.items():
+                if isinstance(value, dict) and "gain_95" in value:
+                    low, high = value["gain_95"]
+                    cells = [*first, set_name, f"{value['auc']:.3f}", f"{value['gain']:+.3f} [{low:+.3f}, {high:+.3f}]"]
+                    lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -43,6 +43,7 @@ class Item:
     ids: tuple[list[int], list[int]] | None = None  # (source ids, target ids) of the translation
     set: str = ""  # held_out_sets: which set ("tatoeba", "hsk", "long", "tico19")
     group: int = -1  # held_out_sets: items made from the same source(s) share a group
+    token_logprobs: list[float] | None = None  # the translation's, one per target token (</s> included)
 
 
 def good_chrf(language: str) -> float:
@@ -209,6 +210,7 @@ def translate_and_label(
             item = items[index]
             item.translation = translation.text
             item.ids = (list(translation.source_ids), list(translation.target_ids))
+            item.token_logprobs = [float(x) for x in translation.token_logprobs]
             item.signals = dict(translation.trust.signals) if translation.trust else None
             item.flags = [flag.kind for flag in translation.trust.flags] if translation.trust else []
             item.chrf = sacrebleu.sentence_chrf(translation.text, item.references).score
