@@ -18,15 +18,20 @@ import argparse
 import math
 import sys
 
+import torch
+
 from bench import SHARED_DATA, close_report
 from bench.trust import directions
 from model.errors import InputTooLongError
+from model.explanations.explain import teacher_forcing_inputs
 from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, translate_and_label
 from model.translator import Translator
 from model.trust import FAST_SIGNALS, FULL_SIGNALS, auc_gain_interval, fit_mode, roc_auc
 
-CANDIDATES = ("sent_std", "contrastive_logprob")  # signals measured for trust, not (yet) in its served score
-ORIENTATION = {"sent_std": -1, "contrastive_logprob": 1}  # set before looking at any data: +1 where higher is better
+# signals measured for trust, not (yet) in its served score
+CANDIDATES = ("sent_std", "contrastive_logprob", "dropout_logprob", "dropout_variance")
+# set before looking at any data: +1 where higher means better, -1 where lower does
+ORIENTATION = {"sent_std": -1, "contrastive_logprob": 1, "dropout_logprob": 1, "dropout_variance": -1}
 FITTED_ON = ("tatoeba", "hsk", "long")  # the sets a calibration may be fitted on (TICO-19 is test only)
 
 
@@ -50,6 +55,31 @@ def add_candidates(model: Translator, items: list[Item]) -> None:
         item.signals["contrastive_logprob"] = sum(given) / len(given) - sum(alone) / len(alone)
 
 
+def add_dropout_signals(model: Translator, items: list[Item], copies: int, seed: int) -> None:
+    """D-TP and D-Var (Fomicheva et al. 2020): the mean and the variance, over `copies` teacher-forced passes of
+    the exact model with its dropout on (one batch of copies per translation, seeded), of the translation's mean
+    token log-probability. The model is put back in eval mode after (bench use only: not thread-safe)."""
+    network = model.exact_model
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    network.train()
+    try:
+        with torch.no_grad():
+            for item in items:
+                source_ids, target_ids = item.ids
+                source, mask, decoder_input = teacher_forcing_inputs(network, source_ids, target_ids)
+                encoder = network.encode(source.repeat(copies, 1), mask.repeat(copies, 1))
+                hidden, _ = network.decode(decoder_input.repeat(copies, 1), encoder)
+                logprobs = torch.log_softmax(network.logits(hidden).float(), dim=-1)
+                chosen = logprobs.gather(2, torch.tensor(target_ids)[None, :, None].expand(copies, -1, 1))[..., 0]
+                means = chosen.mean(1).double()
+                item.signals["dropout_logprob"] = float(means.mean())
+                item.signals["dropout_variance"] = float(means.var(unbiased=False))
+    finally:
+        network.eval()
+        torch.random.set_rng_state(generator_state)
+
+
 def signal_sets(candidates: bool) -> dict[str, tuple[tuple[str, ...], str]]:
     """The signal sets a calibration is refitted on: name → (signals, the set scoring a translation the reverse
     model could not read back)."""
@@ -57,8 +87,8 @@ def signal_sets(candidates: bool) -> dict[str, tuple[tuple[str, ...], str]]:
     if candidates:
         for name in CANDIDATES:
             sets[f"fast + {name}"] = ((*FAST_SIGNALS, name), f"fast + {name}")
-        sets["fast + both"] = ((*FAST_SIGNALS, *CANDIDATES), "fast + both")
-        sets["full + both"] = ((*FULL_SIGNALS, *CANDIDATES), "fast + both")
+        sets["fast + all"] = ((*FAST_SIGNALS, *CANDIDATES), "fast + all")
+        sets["full + all"] = ((*FULL_SIGNALS, *CANDIDATES), "fast + all")
     return sets
 
 
@@ -122,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also the candidate signals (CANDIDATES), alone and added to the served ones",
     )
+    parser.add_argument("--dropout-copies", type=int, default=8, help="D-TP's passes with dropout on (N)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust_heldout", *sys.argv[1:]]), "models": {}}
@@ -131,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         timing = translate_and_label(items, model, reverse, target_language)
         if args.candidates:
             add_candidates(model, items)
+            add_dropout_signals(model, items, args.dropout_copies, args.seed)
         report["models"][name] = {
             "path": str(path),
             "weights_digest": model.weights_digest,
