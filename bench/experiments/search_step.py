@@ -10,16 +10,27 @@ import json
 import platform
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bench.experiments.profile_step import wall_ms
 from model.topk import TOPK_CHUNK, row_topk
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 VOCABULARY = 8935  # the shipped models' target vocabulary
+
+
+def wall_ms(function: Callable[[], object], calls: int) -> float:
+    """Milliseconds per call of `function`, over `calls` calls after ten to warm up."""
+    for _ in range(10):
+        function()
+    start = time.perf_counter()
+    for _ in range(calls):
+        function()
+    return (time.perf_counter() - start) / calls * 1e3
 
 
 def measure(rows: int, m: int, rounds: int, calls: int) -> dict:
