@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
+from model.choices import TRUST_MODES
 from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy, TokenCallback
 from model.decoding.search import Hypothesis, beam_search, length_budget
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
@@ -47,7 +48,6 @@ from model.runtime.step import weights_precision
 from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
 from model.trust import (
-    TRUST_MODES,
     Calibration,
     Trust,
     _Reading,

@@ -27,11 +27,8 @@ from torch import Tensor
 
 from model.tokenizer import is_lone_space, is_special_piece, piece_owners, word_groups
 
-TRUST_MODES = ("off", "fast", "full")
-DEFAULT_TRUST_MODE = "fast"
 CALIBRATION_NAME = "trust.json"
 CALIBRATION_FORMAT = "attention-translate trust calibration 2"  # 1: before source_length, familiarity, DERIVED
-FLAG_KINDS = ("omission", "addition", "repetition", "untranslated", "truncated")
 
 # The signals each mode computes; the calibration of a mode reads these (and the derived features below).
 FAST_SIGNALS = (

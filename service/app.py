@@ -26,7 +26,6 @@ from service.coalescing import Coalescer
 from service.compat import deepl_v2, libretranslate
 from service.compat.backend import LanguagePair, TranslationBackend
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
-from service.deployments import TranslatorDeployment
 from service.docs import add_offline_docs
 from service.errors import (
     InvalidRequestError,
@@ -405,6 +404,9 @@ class Ingress:
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """The Ray Serve application: the ingress plus one translator deployment per configured model (each told the
     model translating the other way, if one is served, for the agreed alignment)."""
+    # here, not at the top: the ingress's replicas import this module, and the translator's imports torch
+    from service.deployments import TranslatorDeployment
+
     config = ServiceConfig.model_validate(args or {})
 
     def reverse_of(spec: ModelSpec) -> dict | None:

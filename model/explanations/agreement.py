@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import unicodedata
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
 from torch import Tensor
 
+from model.choices import AlignmentMethod
 from model.explanations.alignment import Link
 from model.tokenizer import WORD_BOUNDARY, is_special_piece, piece_owners, word_groups
 
@@ -26,29 +26,6 @@ AGREEMENT_THRESHOLD = 0.12  # chosen on the 65 in-domain pairs; leave-one-out pi
 # Long sentences spread attention thinner: with I·J word pairs the threshold is at most LENGTH_SCALE / √(I·J) (0.12
 # up to about 12 words a side). Chosen on the newswire gold set (40-55-piece sentences), which is then not held out.
 LENGTH_SCALE = 1.5
-
-
-class AlignmentMethod(str, Enum):
-    """How `alignment` and `word_alignment` are made: the alignment head's one-best link per target token, or the
-    links the model's and the reverse model's heads agree on. A str, so it compares, hashes and serialises as its
-    value ("head" == AlignmentMethod.HEAD)."""
-
-    AGREEMENT = "agreement"
-    HEAD = "head"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-ALIGNMENT_METHODS = tuple(method.value for method in AlignmentMethod)  # ("agreement", "head")
-# The one table of defaults: what each way in asks for when the client names no method. /v1/translate and the
-# compatibility routes default to the cheap one (agreement costs a forced decode of the reverse model per
-# hypothesis); /v1/explain, one pair shown in full, to the better one; an explanation id carries its own.
-DEFAULT_ALIGNMENT = {
-    "translate": AlignmentMethod.HEAD,
-    "explain": AlignmentMethod.AGREEMENT,
-    "explanation": AlignmentMethod.HEAD,
-}
 
 
 @dataclass

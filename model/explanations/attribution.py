@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.choices import ATTRIBUTION_DEFAULT_STEPS, ATTRIBUTION_MAX_STEPS, ATTRIBUTION_METHODS
 from model.errors import InputTooLongError, InvalidInputError
 from model.explanations.explain import check_ids, teacher_forcing_inputs
 from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
 
-METHODS = ("saliency", "input_x_gradient", "integrated_gradients", "value_zeroing", "alti_plus")
-DEFAULT_STEPS = 50  # integrated gradients: Gauss-Legendre points on the path, captum's (and so inseq's) default
-MAX_STEPS = 100
+METHODS = ATTRIBUTION_METHODS
+DEFAULT_STEPS = ATTRIBUTION_DEFAULT_STEPS  # Gauss-Legendre points on the path, captum's (and so inseq's) default
+MAX_STEPS = ATTRIBUTION_MAX_STEPS
 MAX_TOKENS = 160  # source + target tokens one attribution may cover: integrated gradients runs T × steps rows
 ROWS_PER_PASS = 64  # rows of one forward-and-backward pass: bounds the memory of integrated gradients
 # Integrated gradients runs target tokens × steps rows of source + target tokens through the model and back: a
