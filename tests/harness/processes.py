@@ -9,10 +9,18 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 _handed_out: set[int] = set()
+
+
+def python_output(script: str, timeout_s: float = 120) -> str:
+    """The stripped stdout of `script` run by this Python in a fresh interpreter (raises if it fails)."""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
 
 
 def free_port() -> int:

@@ -3,10 +3,10 @@ is checked with load no torch (in a fresh interpreter)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import model
+from tests.harness.processes import python_output
 
 
 def test_every_public_name_resolves():
@@ -27,5 +27,4 @@ def test_the_request_side_names_load_no_torch():
         "assert DecodingOptions(beam_size=2).beam_size == 2 and AlignmentMethod('head') == 'head'\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip() == "[]"
+    assert python_output(script) == "[]"

@@ -4,8 +4,7 @@ only where the application is built."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests.harness.processes import python_output
 
 
 def test_the_ingress_imports_no_torch():
@@ -15,8 +14,7 @@ def test_the_ingress_imports_no_torch():
         "assert hasattr(service.app, 'Ingress') and hasattr(service.app, 'build_app')\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m == 'model.translator'))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip() == "[]"
+    assert python_output(script) == "[]"
 
 
 def test_building_the_application_still_binds_the_translators():
@@ -26,5 +24,4 @@ def test_building_the_application_still_binds_the_translators():
         " 'target_lang': 'zh'}]})\n"
         "print(type(app).__name__)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip().endswith("Application")
+    assert python_output(script).endswith("Application")
