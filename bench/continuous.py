@@ -2,6 +2,8 @@
 
     python -m bench.continuous                 # both schedulers, shipped en-zh, dev sentences
     python -m bench.continuous --quick         # fewer requests (a smoke run)
+    python -m bench.continuous --variants static continuous continuous:coalesce_max_calls=0
+                                               # a variant is a scheduler, optionally with other service args
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from bench import machine
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running
@@ -220,6 +223,21 @@ class _TimedLoop:
         return getattr(self._loop, name)
 
 
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """The spec "continuous:coalesce_max_calls=0,max_rows=128" → (the spec, {"scheduler": "continuous", ...});
+    values are read as YAML scalars (numbers, booleans, strings)."""
+    scheduler, _, rest = spec.partition(":")
+    if scheduler not in ("static", "continuous"):
+        raise SystemExit(f"variant {spec!r}: the scheduler is static or continuous")
+    overrides: dict[str, Any] = {"scheduler": scheduler}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"variant {spec!r}: {item!r} is not arg=value")
+        overrides[key] = yaml.safe_load(value)
+    return spec, overrides
+
+
 def mixed_arrivals(short: list[str], long: list[str], rate: float, count: int, seed: int) -> list:
     rng = random.Random(seed)
     at, arrivals = 0.0, []
@@ -236,7 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a share of static capacity")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both schedulers, alternating; medians")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every variant, alternating; medians")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["static", "continuous"],
+        help="scheduler[:arg=value,...] per service (args of deploy/serve.yaml's application); the first is the "
+        "baseline the ratios divide by and sets the arrival rate",
+    )
     parser.add_argument(
         "--engine-only", action="store_true", help="only the engine comparison (no service), to --output"
     )
@@ -280,21 +305,21 @@ def main(argv: list[str] | None = None) -> int:
         "schedulers": {},
     }
     rate = None
-    runs: dict[str, list[dict[str, Any]]] = {"static": [], "continuous": []}
+    variants = [parse_variant(spec) for spec in args.variants]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     for round_ in range(args.rounds):
-        # alternate which scheduler goes first: a drift in the machine's speed then favours neither
-        order = ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static")
-        if rate is None:
-            order = ("static", "continuous")  # the arrival rate comes from static's capacity
-        for scheduler in order:
+        # rotate which variant goes first: a drift in the machine's speed then favours none; the arrival rate
+        # comes from the baseline's capacity, so it goes first in the first round
+        order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
+        for name, overrides in order:
             config = bench_config(free_port(), None)
-            config["applications"][0]["args"]["scheduler"] = scheduler
-            with tempfile.TemporaryDirectory(prefix=f"bench-{scheduler}-") as scratch:
+            config["applications"][0]["args"].update(overrides)
+            with tempfile.TemporaryDirectory(prefix="bench-continuous-") as scratch:
                 with serve_running(config, Path(scratch)) as url:
                     result: dict[str, Any] = {}
                     warm = translate_bodies(short, 1, beam_size=args.beam_size)
                     asyncio.run(run_load(f"{url}/v1/translate", warm, 32, 8))
-                    if rate is None:  # static's capacity on the mix: closed loop, the same texts
+                    if rate is None:  # the baseline's capacity on the mix: closed loop, the same texts
                         mix = [rng.choice(long) if i % 4 == 0 else rng.choice(short) for i in range(64)]
                         bodies = translate_bodies(mix, 1, beam_size=args.beam_size, split_sentences=False)
                         capacity = asyncio.run(run_load(f"{url}/v1/translate", bodies, 64, 32)).summary()
@@ -308,41 +333,40 @@ def main(argv: list[str] | None = None) -> int:
                     result["closed"] = closed
                     alone = translate_bodies(short, 1, beam_size=args.beam_size, split_sentences=False)
                     result["alone"] = asyncio.run(run_load(f"{url}/v1/translate", alone, alone_count, 1)).summary()
-                    if scheduler == "continuous":
+                    if overrides["scheduler"] == "continuous":
                         text = short[0]
                         result["first_token_ms"] = {
                             "concurrency_1": asyncio.run(first_token_ms(url, text, 1, 10)),
                             "concurrency_32": asyncio.run(first_token_ms(url, text, 32, 2)),
                         }
-                    runs[scheduler].append(result)
+                    runs[name].append(result)
             print(
-                f"round {round_ + 1}/{args.rounds} {scheduler}: short p50 {result['mixed']['short_p50_ms']} ms, "
+                f"round {round_ + 1}/{args.rounds} {name}: short p50 {result['mixed']['short_p50_ms']} ms, "
                 f"closed {result['closed']['texts_per_s']} texts/s",
                 flush=True,
             )
     report["rounds"] = args.rounds
+    report["variants"] = {name: overrides for name, overrides in variants}
     report["schedulers"] = {name: medians(results) for name, results in runs.items()}
     report["per_round"] = runs
-    static, continuous = report["schedulers"]["static"], report["schedulers"]["continuous"]
+    baseline = variants[0][0]
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a and b else None
 
-    report["ratios"] = {
-        "short_p50": ratio(continuous["mixed"]["short_p50_ms"], static["mixed"]["short_p50_ms"]),
-        "short_p99": ratio(continuous["mixed"]["short_p99_ms"], static["mixed"]["short_p99_ms"]),
-        "mixed_throughput": ratio(continuous["mixed"]["texts_per_s"], static["mixed"]["texts_per_s"]),
-        "closed_throughput": ratio(continuous["closed"]["texts_per_s"], static["closed"]["texts_per_s"]),
-    }
+    def ratios(variant: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+        return {
+            "short_p50": ratio(variant["mixed"]["short_p50_ms"], base["mixed"]["short_p50_ms"]),
+            "short_p99": ratio(variant["mixed"]["short_p99_ms"], base["mixed"]["short_p99_ms"]),
+            "long_p50": ratio(variant["mixed"]["long_p50_ms"], base["mixed"]["long_p50_ms"]),
+            "mixed_throughput": ratio(variant["mixed"]["texts_per_s"], base["mixed"]["texts_per_s"]),
+            "closed_throughput": ratio(variant["closed"]["texts_per_s"], base["closed"]["texts_per_s"]),
+        }
+
+    others = [name for name, _ in variants[1:]]
+    report["ratios"] = {name: ratios(report["schedulers"][name], report["schedulers"][baseline]) for name in others}
     report["ratios_per_round"] = {
-        "short_p50": [
-            ratio(c["mixed"]["short_p50_ms"], s["mixed"]["short_p50_ms"])
-            for c, s in zip(runs["continuous"], runs["static"], strict=True)
-        ],
-        "closed_throughput": [
-            ratio(c["closed"]["texts_per_s"], s["closed"]["texts_per_s"])
-            for c, s in zip(runs["continuous"], runs["static"], strict=True)
-        ],
+        name: [ratios(v, b) for v, b in zip(runs[name], runs[baseline], strict=True)] for name in others
     }
     print_table(report)
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -363,10 +387,12 @@ def print_table(report: dict[str, Any]) -> None:
             f"| {name} | {mixed['short_p50_ms']} | {mixed['short_p99_ms']} | {mixed['long_p50_ms']} "
             f"| {mixed['texts_per_s']} | {closed['texts_per_s']} | {alone['p50_ms']} |"
         )
-    print(f"continuous / static: {report['ratios']}")
-    first = report["schedulers"]["continuous"].get("first_token_ms")
-    if first:
-        print(f"first streamed token (greedy, median ms): {first}")
+    baseline = next(iter(report["schedulers"]))
+    for name, ratios in report["ratios"].items():
+        print(f"{name} / {baseline}: {ratios}")
+    for name, result in report["schedulers"].items():
+        if result.get("first_token_ms"):
+            print(f"{name}, first streamed token (greedy, median ms): {result['first_token_ms']}")
 
 
 if __name__ == "__main__":
