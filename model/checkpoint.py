@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from model.config import ModelConfig
 from model.errors import CheckpointError
-from model.runtime.spec import check as check_runtime_spec
 from model.transformer import Transformer
+from model.weight_spec import check as check_runtime_spec
 
 logger = logging.getLogger(__name__)
 
@@ -143,11 +143,11 @@ def load_state(model: Transformer, tensors: dict[str, torch.Tensor], source: str
         raise CheckpointError(f"{source}: unexpected tensors {shown}")
 
 
-def load_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
-    """Read config.json + model.safetensors from a Marian directory into a Transformer (eval mode).
+def load_model(directory: str | Path) -> Transformer:
+    """Read config.json + model.safetensors from a Marian directory into a float32 Transformer (eval mode).
 
-    Weights stored in another precision (fp16 files) are converted to fp32; dtype=torch.bfloat16
-    then stores the matrices in bf16 (Transformer.cast_weights), the fast mode.
+    Weights stored in another precision (fp16 files) are converted to fp32; a decoding step may store them in a
+    lower one afterwards (model.runtime's eager.cast_weights, int8 copies in the compiled step).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -156,9 +156,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> Tra
     model = Transformer(config)
     load_state(model, _read_safetensors(directory), source=str(directory / WEIGHTS_NAME))
     check_runtime_spec(model, source=str(directory / WEIGHTS_NAME))  # what the compiled runtime will read
-    if dtype == torch.float32:
-        return model.eval()
-    return model.cast_weights(dtype).eval()  # matrices in dtype, norms and activations in fp32
+    return model.eval()
 
 
 def save_model(model: Transformer, directory: str | Path, dtype: torch.dtype | None = None) -> None:

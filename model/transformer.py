@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.topk import RESCORED_CANDIDATES, row_topk
 
 _ACTIVATIONS = {
     "swish": F.silu,
@@ -49,18 +48,22 @@ def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
     return table.float()
 
 
-def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_k) V, returning the weights too.
 
     query (B, h, T, d_k), key and value (B, h, S, d_k); mask broadcastable to (B, h, T, S),
-    True where attending is allowed.
+    True where attending is allowed. dropout (training): drops weights before they average V;
+    the weights returned are the softmax's.
     """
     d_k = query.size(-1)
     scores = torch.matmul(query, key.transpose(-2, -1)) * (d_k**-0.5)  # (B, h, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)  # (B, h, T, S)
-    return torch.matmul(weights, value), weights  # (B, h, T, d_k), (B, h, T, S)
+    dropped = F.dropout(weights, dropout) if dropout > 0.0 else weights
+    return torch.matmul(dropped, value), weights  # (B, h, T, d_k), (B, h, T, S)
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
@@ -75,22 +78,6 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
 
 
 
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same names) whose weights may be stored in a lower precision than the
-    activations (Transformer.cast_weights): the matmul runs in the weights' dtype, the result in x's."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x Wᵀ + b, in W's dtype when it differs from x's (bf16 weights around fp32 activations), back in x's."""
-    if x.dtype == weight.dtype or torch.is_autocast_enabled(x.device.type):
-        return F.linear(x, weight, bias)
-    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with the projections named as in transformers (q/k/v/out_proj)."""
 
@@ -98,10 +85,10 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.d_k = d_model // heads
-        self.q_proj = Linear(d_model, d_model)
-        self.k_proj = Linear(d_model, d_model)
-        self.v_proj = Linear(d_model, d_model)
-        self.out_proj = Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -119,36 +106,18 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None,
         need_weights: bool = False,
-        is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, d_model) over precomputed key/value (B, h, S, d_k)."""
-        return self.attend(self.split_heads(self.q_proj(x)), key, value, mask, need_weights, is_causal)
+        return self.attend(self.split_heads(self.q_proj(x)), key, value, mask, need_weights)
 
     def attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Tensor | None,
-        need_weights: bool = False,
-        is_causal: bool = False,
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Heads already split: query (B, h, T, d_k) over key/value (B, h, S, d_k) → (B, T, d_model), weights."""
         batch, _, length, _ = query.shape
-        if need_weights or length == 1:  # one query: plain matmuls beat SDPA's kernels on CPU
-            context, weights = attention(query, key, value, mask)
-        else:
-            weights = None
-            context = F.scaled_dot_product_attention(
-                query,
-                key,
-                value,
-                attn_mask=None if is_causal else mask,
-                dropout_p=self.dropout if self.training else 0.0,
-                is_causal=is_causal,
-            )
+        context, weights = attention(query, key, value, mask, self.dropout if self.training else 0.0)
         context = context.transpose(1, 2).reshape(batch, length, self.heads * self.d_k)  # concatenate heads
-        return self.out_proj(context), weights
+        return self.out_proj(context), weights if need_weights else None
 
 
 class FeedForward(nn.Module):
@@ -156,8 +125,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, activation: str, dropout: float) -> None:
         super().__init__()
-        self.fc1 = Linear(d_model, ffn_dim)
-        self.fc2 = Linear(ffn_dim, d_model)
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
         self.activation = _ACTIVATIONS[activation]
         self.activation_dropout = dropout
 
@@ -217,17 +186,13 @@ class DecoderLayer(nn.Module):
         cross_value: Tensor,
         source_mask: Tensor,
         need_weights: bool,
-        is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        attended, _ = self.self_attn(x, self_key, self_value, self_mask, need_weights=False, is_causal=is_causal)
+        attended, _ = self.self_attn(x, self_key, self_value, self_mask, need_weights=False)
         x = self.self_attn_layer_norm(x + F.dropout(attended, self.dropout, self.training))
         attended, cross_weights = self.encoder_attn(x, cross_key, cross_value, source_mask, need_weights)
         x = self.encoder_attn_layer_norm(x + F.dropout(attended, self.dropout, self.training))
         x = self.final_layer_norm(x + F.dropout(self.feed_forward(x), self.dropout, self.training))
         return x, cross_weights
-
-def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 @dataclass
@@ -264,7 +229,7 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = Linear(d, config.target_vocab_size, bias=False)
+            self.lm_head = nn.Linear(d, config.target_vocab_size, bias=False)
         self.register_buffer("final_logits_bias", torch.zeros(config.target_vocab_size))
 
     def untie_embeddings(self) -> None:
@@ -295,39 +260,13 @@ class Transformer(nn.Module):
             )
         return F.dropout(x + self.positions[start : start + length], self.config.dropout, self.training)
 
-    def cast_weights(self, dtype: torch.dtype) -> Transformer:
-        """Store the matrices (linear layers, embeddings) in `dtype`, e.g. bf16 for the fast mode.
-
-        Layer norms, positions and final_logits_bias stay fp32, and so do the activations:
-        each matmul runs in the weights' dtype and hands back fp32 (see `linear`). Half the
-        memory traffic and the CPU's bf16 dot-product instructions, with one rounding per
-        matmul instead of one per operation.
-        """
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.to(dtype)
-        return self
-
     @property
     def output_weight(self) -> Tensor:
         return self.decoder_embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Linear output projection + final_logits_bias (softmax is left to the caller).
-
-        With low-precision weights (the fast mode) the projection over the whole vocabulary
-        runs in their dtype, then each row's RESCORED_CANDIDATES best logits are recomputed
-        from the fp32 hidden state: rounding 30k-wide logits to bf16 (3 significant digits)
-        would otherwise decide the near-ties between the best tokens.
-        """
-        weight = self.output_weight
-        if weight.dtype == hidden.dtype:
-            return F.linear(hidden, weight, self.final_logits_bias)  # bias added in the matmul
-        logits = linear(hidden, weight, None) + self.final_logits_bias  # (..., V)
-        rows = logits.view(-1, logits.size(-1))  # the candidates' order does not matter, only which they are
-        candidates = row_topk(rows, min(RESCORED_CANDIDATES, rows.size(-1)))[1].view(*logits.shape[:-1], -1)  # (..., m)
-        exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
-        return logits.scatter_(-1, candidates, exact + self.final_logits_bias[candidates])  # logits is ours: in place
+        """Linear output projection + final_logits_bias (softmax is left to the caller)."""
+        return F.linear(hidden, self.output_weight, self.final_logits_bias)
 
     # ---- encoder ----------------------------------------------------------------------
     def encode(self, source_ids: Tensor, source_mask: Tensor, need_weights: bool = False) -> EncoderOutput:
@@ -366,10 +305,7 @@ class Transformer(nn.Module):
         for layer in self.decoder_layers:
             self_key, self_value = layer.self_attn.project_key_value(x)
             cross_key, cross_value = layer.encoder_attn.project_key_value(encoder.hidden)
-            x, weights = layer(
-                x, self_key, self_value, causal, cross_key, cross_value, source_mask, need_weights,
-                is_causal=not need_weights and length > 1,
-            )
+            x, weights = layer(x, self_key, self_value, causal, cross_key, cross_value, source_mask, need_weights)
             if need_weights:
                 cross_attention.append(weights)
         return x, cross_attention

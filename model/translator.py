@@ -7,6 +7,7 @@ out[0].text, out[0].alignment, out[0].cross_attention
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -43,7 +44,7 @@ from model.explanations.explain import (
 )
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
-from model.runtime import forced_pass, load_step
+from model.runtime import cast_weights, forced_pass, load_step
 from model.runtime.step import weights_precision
 from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
 from model.transformer import Transformer
@@ -224,8 +225,9 @@ class Translator:
         # How each decoding step runs: the compiled runtime where it builds and suits, else the model's eager step
         # (model.runtime.load_step; `runtime_info` says which and why).
         self.step = step if step is not None else load_step(model, weights_precision(model))
-        # What explains (explain, attention_steps, attribute): the decoding model itself, except under int8
-        # weights, whose explanations come from the same checkpoint in fp32 (see from_pretrained).
+        # What the lecture's arithmetic explains with (attention_steps, attribute, encoder maps, forced rows): the
+        # decoding model itself, except where the step decodes on weights in a lower precision (the CPU's bf16
+        # mode), whose float32 original it is (see from_pretrained).
         self.exact_model = exact_model if exact_model is not None else model
         self.tokenizer = tokenizer
         self.name = name
@@ -267,7 +269,7 @@ class Translator:
                 raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_NAMES)} or auto")
             dtype = DTYPE_NAMES[dtype]
         dtype = dtype or torch.float32
-        step = None
+        step = exact_model = None
         if dtype == torch.int8:
             if target.type != "cpu":
                 raise InvalidInputError("dtype int8 runs on the CPU only; use bfloat16 or float16 on a GPU")
@@ -275,11 +277,14 @@ class Translator:
             step = load_step(model, "int8")
         elif target.type == "cuda" and dtype != torch.float32:
             # A GPU runs half precision natively (weights, activations and cache in dtype; log-softmax in
-            # fp32): the CPU's mode (bf16 matrices around fp32 activations, see Transformer.cast_weights)
+            # fp32): the CPU's mode (bf16 matrices around fp32 activations, model.runtime.cast_weights)
             # would add a cast around every matmul there.
             model = load_model(directory).to(target).to(dtype)
         else:
-            model = load_model(directory, dtype=dtype).to(target)
+            model = load_model(directory).to(target)
+            if dtype != torch.float32:  # the CPU's mode: the eager step decodes on a copy with matrices in dtype,
+                exact_model = model  # explanations' arithmetic (steps, attributions) stays in float32, as under int8
+                model = cast_weights(copy.deepcopy(model), dtype)
         tokenizer = MarianTokenizer.from_directory(directory)
         if tokenizer.eos_id != model.config.eos_token_id:
             logger.warning(
@@ -293,6 +298,7 @@ class Translator:
             tokenizer,
             name=directory.name,
             weights_digest=digest,
+            exact_model=exact_model,
             step=step,
             model_card=read_model_card(directory),
             calibration=Calibration.load(directory, digest),
@@ -320,7 +326,7 @@ class Translator:
     @property
     def steps_precision(self) -> str:
         """How the step-by-step arithmetic of one head (`attention_steps`), attributions and encoder maps are
-        computed: the exact model's weights, "float32" under int8 decoding."""
+        computed: the exact model's weights, "float32" under int8 and the CPU's bfloat16."""
         return weights_precision(self.exact_model)
 
     @property

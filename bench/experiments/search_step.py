@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from model.topk import TOPK_CHUNK, row_topk
+from model.runtime.topk import TOPK_CHUNK, row_topk
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

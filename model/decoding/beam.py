@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.topk import row_topk
+from model.runtime.topk import row_topk
 
 NEG_INF = -1.0e9
 

@@ -50,6 +50,13 @@ def new_loop(step, alignment_head: tuple[int, int | None] | None = None):
     return Loop(step, alignment_head)
 
 
+def capture_code(every_head: bool, head_rows: bool) -> int:
+    """What a request's rows keep (model.runtime.CAPTURE): every head's maps (a client asked for the attention), else
+    the alignment head's rows (an alignment or a stream needs them, and the model has an alignment head), else
+    nothing. The one place the search and the scheduler choose it."""
+    return EVERY_HEAD if every_head else ONE_HEAD if head_rows else NOTHING
+
+
 def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
     """The CPU copies of a step's device tensors in one transfer (model.host.packed_to_host), counted in
     `host_reads`."""

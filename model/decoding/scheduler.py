@@ -30,11 +30,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from model.decoding.loop import new_loop
+from model.decoding.loop import capture_code, new_loop
 from model.decoding.search import Hypothesis, encoded, length_budget, loop_hypotheses
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
-from model.runtime import CAPTURE, EagerStep
+from model.runtime import EagerStep
 from model.transformer import Transformer
 
 # on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
@@ -220,14 +220,11 @@ class Scheduler:
     def _join_the_loop(self, joining: list[DecodeRequest], hidden: Tensor, lengths: list[int]) -> None:
         """Requests whose encoder pass is done join the decode loop, each capturing what it needs: every
         head's maps (return_attention), or the alignment head's rows (alignment_rows, or a stream's tokens)."""
-        captures = []
-        for request in joining:
-            if request.return_attention:
-                captures.append(CAPTURE["every_head"])
-            elif (request.alignment_rows or request.on_token is not None) and self.alignment_head is not None:
-                captures.append(CAPTURE["one_head"])
-            else:
-                captures.append(CAPTURE["nothing"])
+        has_head = self.alignment_head is not None
+        captures = [
+            capture_code(r.return_attention, has_head and (r.alignment_rows or r.on_token is not None))
+            for r in joining
+        ]
         ids = self.loop.join(
             hidden, lengths, [r.beams for r in joining], [r.budget for r in joining],
             [r.options.min_new_tokens for r in joining], [float(r.options.length_penalty) for r in joining],

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.decoding.loop import new_loop
+from model.decoding.loop import capture_code, new_loop
 from model.options import DecodingOptions
-from model.runtime import CAPTURE, EagerStep
+from model.runtime import EagerStep
 from model.transformer import Transformer
 
 
@@ -80,8 +80,7 @@ def beam_search(
     step = step if step is not None else EagerStep(model)
     hidden = encoded(step, source_ids, config.pad_token_id, device)  # the encoder once for the whole batch
     # every source joins the loop now and leaves when done
-    what = CAPTURE["every_head"] if return_attention else (
-        CAPTURE["nothing"] if alignment_head is None else CAPTURE["one_head"])
+    what = capture_code(return_attention, alignment_head is not None)
     loop = new_loop(step, alignment_head)
     ids = loop.join(
         hidden, lengths, [options.beam_size] * batch, budgets, [options.min_new_tokens] * batch,

@@ -7,6 +7,7 @@ the C++ step (model/runtime/csrc/, over ATen) ahead of time, as the Dockerfile a
 
 from __future__ import annotations
 
+from model.runtime.eager import cast_weights
 from model.runtime.extension import CAPTURE, build, compiled_extension
 from model.runtime.step import (
     RUNTIME_ENV,
@@ -20,5 +21,5 @@ from model.runtime.step import (
 
 __all__ = [
     "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "ForcedPass", "RuntimeInfo", "build", "compiled_extension",
-    "forced_pass", "load_step",
+    "cast_weights", "forced_pass", "load_step",
 ]

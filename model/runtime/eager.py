@@ -9,9 +9,92 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer, _layer_norm, additive_mask
+from model.runtime.topk import RESCORED_CANDIDATES, row_topk
+from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
+
+
+def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    """The module's layer norm without the module call's hooks (a step calls it 3 times per layer)."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked.
+
+    Adding 0 leaves an allowed score exactly as it was and the dtype's lowest value gives a
+    masked position weight 0, so the weights equal model.transformer's `attention` (masked_fill).
+    """
+    if bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+class CastLinear(nn.Linear):
+    """nn.Linear (same parameters, same names) whose weights are stored in a lower precision than the activations
+    (`cast_weights`): the matmul runs in the weights' dtype, the result comes back in x's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+def cast_weights(model: Transformer, dtype: torch.dtype) -> Transformer:
+    """Store the model's matrices (linear layers, embeddings) in `dtype`, e.g. bf16 on a CPU: layer norms, positions
+    and final_logits_bias stay fp32, and so do the activations, each matmul running in the weights' dtype and handing
+    back fp32 (`CastLinear`). Half the memory traffic and the CPU's bf16 dot-product instructions, with one rounding
+    per matmul instead of one per operation. The output projection goes through `logits`. In place; returns model."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                cast = CastLinear(child.in_features, child.out_features, child.bias is not None, device="meta")
+                cast.weight = nn.Parameter(child.weight.detach().to(dtype), requires_grad=False)
+                if child.bias is not None:
+                    cast.bias = nn.Parameter(child.bias.detach().to(dtype), requires_grad=False)
+                setattr(module, name, cast)
+            elif isinstance(child, nn.Embedding):
+                child.to(dtype)
+    return model
+
+
+def logits(model: Transformer, hidden: Tensor) -> Tensor:
+    """The model's output projection + final_logits_bias for a step's hidden states.
+
+    With weights in a lower precision than the activations (`cast_weights`) the projection over the whole vocabulary
+    runs in their dtype, then each row's RESCORED_CANDIDATES best logits are recomputed from the fp32 hidden state:
+    rounding 30k-wide logits to bf16 (3 significant digits) would otherwise decide the near-ties between the best
+    tokens.
+    """
+    weight = model.output_weight
+    if weight.dtype == hidden.dtype:
+        return model.logits(hidden)
+    bias = model.final_logits_bias
+    scores = F.linear(hidden.to(weight.dtype), weight).to(hidden.dtype) + bias  # (..., V)
+    rows = scores.view(-1, scores.size(-1))  # the candidates' order does not matter, only which they are
+    candidates = row_topk(rows, min(RESCORED_CANDIDATES, rows.size(-1)))[1].view(*scores.shape[:-1], -1)  # (..., m)
+    exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
+    return scores.scatter_(-1, candidates, exact + bias[candidates])  # scores is ours: in place
+
+
+def encode(model: Transformer, source_ids: Tensor, source_mask: Tensor) -> Tensor:
+    """The encoder's hidden states (B, S, d_model) of source_ids (B, S) under source_mask (B, S) bool: the lecture's
+    EncoderLayer arithmetic (inference: no dropout) with each attention in torch's fused kernel
+    (scaled_dot_product_attention), which keeps no weights and is faster than the lecture's three steps."""
+    x = model.add_positions(model.token_embeddings(model.encoder_embed_tokens, source_ids))
+    allowed = source_mask[:, None, None, :]  # (B, 1, 1, S)
+    for layer in model.encoder_layers:
+        own = layer.self_attn
+        query = own.split_heads(own.q_proj(x))  # (B, h, S, d_k)
+        key, value = own.project_key_value(x)
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed)  # (B, h, S, d_k)
+        batch, _, length, _ = query.shape
+        attended = own.out_proj(context.transpose(1, 2).reshape(batch, length, own.heads * own.d_k))
+        x = layer_norm(layer.self_attn_layer_norm, x + attended)
+        x = layer_norm(layer.final_layer_norm, x + layer.feed_forward(x))
+    return x
 
 
 def attend_one(
@@ -110,14 +193,14 @@ def layer_step(
     self_key, self_value = cache.append(index, key, value)  # (N, h, t, d_k)
     # cache.self_mask: None when every row is at the same position (model.decoding.rows.RaggedCache sets it)
     attended, _ = attend_one(own, query, self_key, self_value, cache.self_mask, False)
-    x = _layer_norm(layer.self_attn_layer_norm, x + attended)
+    x = layer_norm(layer.self_attn_layer_norm, x + attended)
     cross = layer.encoder_attn
     query = cross.q_proj(x)  # (N, 1, d_model)
     attended, cross_weights = attend_one(
         cross, query, cache.cross_key[index], cache.cross_value[index], cache.source_mask, need_weights
     )
-    x = _layer_norm(layer.encoder_attn_layer_norm, x + attended)
-    x = _layer_norm(layer.final_layer_norm, x + layer.feed_forward(x))
+    x = layer_norm(layer.encoder_attn_layer_norm, x + attended)
+    x = layer_norm(layer.final_layer_norm, x + layer.feed_forward(x))
     return x, cross_weights  # (N, 1, d_model), (N, h, 1, S) or None
 
 
@@ -177,7 +260,7 @@ def decode_step(
     x = model.embed(model.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
     x, cross_attention = step_layers(model, x, cache, need_weights)
     cache.length = step + 1
-    return model.logits(x[:, 0]), cross_attention
+    return logits(model, x[:, 0]), cross_attention
 
 
 def step_layers(

@@ -287,7 +287,7 @@ def rows_step(model: Transformer, cache: StaticRows, rows: int, variant: Variant
     embedded = model.decoder_embed_tokens(cache.ids[:rows, None]).to(cache.dtype) * model.embed_scale  # (R, 1, d)
     x = embedded + model.positions.index_select(0, view.positions)[:, None, :]
     x, cross_attention = eager.step_layers(model, x, view, variant.weights)
-    cache.logits[:rows].copy_(model.logits(x[:, 0]))
+    cache.logits[:rows].copy_(eager.logits(model, x[:, 0]))
     if variant.weights:
         for layer, weights in enumerate(cross_attention):
             cache.weights[layer, :rows].copy_(weights)  # (R, h, S)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model import weight_spec
 from model.runtime import eager, graphs
-from model.runtime import spec as weight_spec
 from model.runtime.extension import ACTIVATIONS, KERNELS, compiled_extension, cpu_model, failure
 from model.runtime.quantize import quantize_per_channel
-from model.topk import RESCORED_CANDIDATES
+from model.runtime.topk import RESCORED_CANDIDATES
 from model.transformer import EncoderOutput
 
 logger = logging.getLogger("model.runtime")
@@ -60,7 +60,7 @@ class EagerStep:
         self.info = RuntimeInfo("eager", precision or weights_precision(model), reason)
 
     def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
-        return self.model.encode(source_ids, source_mask).hidden
+        return eager.encode(self.model, source_ids, source_mask)
 
     def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
         return eager.cross_key_values(self.model, hidden, beams)
@@ -83,7 +83,7 @@ class EagerStep:
         x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
         x, cross_attention = eager.step_layers(model, x, cache, need_weights)  # the static step, on ragged rows
         cache.advance()
-        return model.logits(x[:, 0]), cross_attention
+        return eager.logits(model, x[:, 0]), cross_attention
 
 
 class GraphStep(EagerStep):
@@ -191,7 +191,7 @@ class CompiledStep:
             packed = [None, None, *(_prepack(extension, w) for w in weights[2:])] if int8 and not reduce else []
             self._runtime.add_encoder_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
             self.names += [m.name for m in layer.matmuls]
-        for layer in spec.decoder:  # matmuls in model.runtime.spec.DECODER_MATMULS' order
+        for layer in spec.decoder:  # matmuls in model.weight_spec.DECODER_MATMULS' order
             weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
             weights, biases = list(weights), list(biases)
             packed = [_prepack(extension, w) for w in weights] if int8 else []

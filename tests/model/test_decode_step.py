@@ -4,11 +4,14 @@ change in place."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from model import Translator
-from model.runtime.eager import decode_step, start_cache
+from model.runtime.eager import cast_weights, decode_step, encode, logits, start_cache
+from model.runtime.topk import RESCORED_CANDIDATES
 
 SOURCES = ["The cat sat on the mat.", "We walk to school together every morning."]
 
@@ -79,3 +82,35 @@ def test_weights_changed_in_place_are_used_by_the_next_decode():
         layer.feed_forward.fc2.weight.mul_(0.5)
     after = assert_steps_match_forward(translator)
     assert (after - before).abs().max() > 1e-2  # the change reached the logits
+
+
+def test_the_eager_encoder_equals_the_lectures_encoder(en_zh):
+    """eager.encode (torch's fused attention kernel, padded batch) against the lecture's encoder, which computes each
+    attention as QKᵀ → ÷√d_k → softmax → Σ weights·V and returns the weights."""
+    source, mask, _ = batch(en_zh)
+    with torch.inference_mode():
+        fused = encode(en_zh.model, source, mask)
+        lecture = en_zh.model.encode(source, mask, need_weights=True)
+    assert lecture.self_attention is not None  # the lecture's path, weights and all
+    torch.testing.assert_close(fused[mask], lecture.hidden[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_matrices_keep_fp32_activations_and_rescore_the_best_logits(en_zh):
+    """cast_weights stores the matrices in bf16 under the same names; the step's logits then equal the fp32 model's
+    at each row's best candidates (recomputed from the fp32 hidden state) and are close elsewhere."""
+    model = copy.deepcopy(en_zh.model)
+    cast_weights(model, torch.bfloat16)
+    assert model.state_dict().keys() == en_zh.model.state_dict().keys()
+    assert model.decoder_layers[0].feed_forward.fc1.weight.dtype == torch.bfloat16
+    assert model.final_logits_bias.dtype == torch.float32 and model.positions.dtype == torch.float32
+    hidden = torch.randn(3, model.config.d_model)
+    with torch.inference_mode():
+        rescored = logits(model, hidden)
+        rounded = torch.nn.functional.linear(hidden.bfloat16(), model.output_weight).float() + model.final_logits_bias
+        best = rounded.topk(RESCORED_CANDIDATES, dim=-1).indices
+        exact = hidden @ model.output_weight.float().T + model.final_logits_bias  # the bf16 weights, in fp32
+    assert rescored.dtype == torch.float32
+    torch.testing.assert_close(rescored.gather(-1, best), exact.gather(-1, best), atol=1e-4, rtol=1e-5)
+    elsewhere = torch.ones_like(rescored, dtype=torch.bool).scatter_(-1, best, False)
+    torch.testing.assert_close(rescored[elsewhere], rounded[elsewhere])  # the rest: the bf16 matmul's logits
+    assert (rescored.gather(-1, best) - rounded.gather(-1, best)).abs().max() > 1e-4  # the rescoring changed them

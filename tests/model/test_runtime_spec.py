@@ -1,4 +1,4 @@
-"""The runtime's weight spec (model/runtime/spec.py): every tensor the compiled step reads, by state-dict name and
+"""The runtime's weight spec (model/weight_spec.py): every tensor the compiled step reads, by state-dict name and
 shape, checked by the checkpoint loader and the runtime alike."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model import weight_spec as spec
 from model.checkpoint import load_model
 from model.config import ModelConfig
 from model.errors import CheckpointError
-from model.runtime import spec
 from model.transformer import Transformer
 from model.translator import resolve_model_path
 

@@ -137,7 +137,7 @@ def test_default_length_budget_grows_with_the_source(tmp_path):
 def test_row_topk_ranks_as_torch_topk(rows, width, m):
     """The chunk-maxima ranking of beam search returns torch.topk's values and columns, including rows that are
     -inf but for one token (a forced </s>) and a banned column, at widths that are no multiple of the chunk."""
-    from model.topk import row_topk
+    from model.runtime.topk import row_topk
 
     generator = torch.Generator().manual_seed(rows * width + m)
     scores = torch.randn(rows, width, generator=generator).log_softmax(-1)

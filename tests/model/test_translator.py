@@ -12,6 +12,7 @@ import torch
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
 from model.explanations.alignment import alignment_matrix, attention_links
 from model.explanations.explain import forced_decode
+from model.runtime import forced_pass
 from model.tokenizer import is_special_piece, word_groups
 from model.translator import word_links
 from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus
@@ -201,10 +202,13 @@ def test_dtype_and_device_are_honoured(model_dir, translator):
     # the same model, computed in bf16: the float32 translation's log-probabilities, rounded but close
     translation = translator.translate(["The cat sat on the mat."], beam_size=1)[0]
     exact = forced_decode(translator.model, translation.source_ids, translation.target_ids).token_logprobs
-    rounded = forced_decode(fast.model, translation.source_ids, translation.target_ids).token_logprobs
+    rounded = forced_pass(fast.step, translation.source_ids, translation.target_ids).token_logprobs
     assert rounded != exact
     assert rounded == pytest.approx(exact, abs=0.05)
     assert fast.translate(["The cat."], beam_size=1)[0].target_tokens
+    # the lecture's arithmetic (steps, attributions) runs on the float32 original, as under int8
+    assert fast.precision == "bfloat16" and fast.steps_precision == "float32"
+    assert all(p.dtype == torch.float32 for p in fast.exact_model.parameters())
 
 
 def test_cli_prints_json_with_attention(model_dir):

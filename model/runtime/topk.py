@@ -1,7 +1,7 @@
 """The m largest values of each row of a wide tensor (a vocabulary's scores), faster than torch.topk on the CPU.
 
 Used by beam search (model/decoding/search.py: each beam's 2k best tokens) and by the fast modes' rescoring of each
-row's best candidates (model/transformer.py: `Transformer.logits`).
+row's best candidates (model/runtime/eager.py: `logits`).
 """
 
 from __future__ import annotations
