@@ -674,7 +674,8 @@ class Translator:
                 signals["reverse_logprob"] = sum(logprobs) / len(logprobs)
             fit = self.trust_fit(used)
             score = fit.probability(signals) if fit is not None else uncalibrated_score(signals)
-            hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None)
+            held_out = fit.held_out(score) if fit is not None else None
+            hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None, held_out)
 
     @functools.cached_property
     def _frequent_pieces(self) -> frozenset[str]:
@@ -707,8 +708,16 @@ class Translator:
                 "modes": list(TRUST_MODES),
                 "score": "uncalibrated default: exp(mean token log-probability); fit one with "
                 "python -m model.training.calibrate_trust",
+                "score_signals": {mode: ["forward_logprob"] for mode in TRUST_MODES if mode != "off"},
             }
-        return {"calibrated": True, "modes": list(TRUST_MODES), "fitted_on": self.calibration.fitted_on}
+        modes = self.calibration.modes
+        return {
+            "calibrated": True,
+            "modes": list(TRUST_MODES),
+            "score_signals": {mode: list(fit.signals) for mode, fit in modes.items()},
+            "reliability": {mode: fit.reliability for mode, fit in modes.items() if fit.reliability},
+            "fitted_on": self.calibration.fitted_on,
+        }
 
     def _alignments(
         self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str], rows: list[list[float]] | None = None

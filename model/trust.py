@@ -44,6 +44,14 @@ FAST_SIGNALS = (
     "source_familiarity",  # mean unigram log-probability of the source's pieces under its tokenizer (rare: low)
 )
 FULL_SIGNALS = (*FAST_SIGNALS, "reverse_logprob")  # the reverse model's mean log-probability of the source
+# What each mode's score is fitted on, chosen by measurement (python -m bench.trust_heldout, docs/explanations.md):
+# the cheapest set of signals whose ROC AUC gain over Seq-Logprob reaches 0.03, its bootstrap interval above 0, on
+# every held-out set in both directions. No set did (the richest gained 0.01-0.03 on Tatoeba and HSK, with
+# intervals reaching below 0), so both scores are Seq-Logprob calibrated: the probability that a translation with
+# this mean token log-probability is adequate. The other signals are still computed and answered, and the flags
+# read them.
+SCORE_SIGNALS = {"fast": ("forward_logprob",), "full": ("forward_logprob",)}
+RELIABILITY_BINS = 10  # equal-count bins of held-out scores, each with the share of its translations that were good
 
 COVERED = 0.2  # column mass (target tokens' worth of attention) above which a source word counts as covered
 # An omission: a source word of content (not only the tokenizer's most frequent pieces) no target word links to,
@@ -72,6 +80,8 @@ class Trust:
     signals: dict[str, float]
     mode: str  # "fast" or "full"
     calibrated: bool  # False: the score is the uncalibrated default (exp of forward_logprob)
+    # What the score meant on translations the fit never saw: the held-out bin it falls in (ModeCalibration.held_out)
+    held_out: dict | None = None
 
 
 # ---- signals ----------------------------------------------------------------------------------------
@@ -293,22 +303,27 @@ DERIVED_FULL = (
 
 
 def _derived(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    return (*DERIVED, *(DERIVED_FULL if "reverse_logprob" in names else ()))
+    """The products of DERIVED (and DERIVED_FULL) whose two factors are both among `names`."""
+    return tuple((a, b) for a, b in (*DERIVED, *DERIVED_FULL) if a in names and b in names)
+
+
+def _gap(names: tuple[str, ...]) -> bool:
+    return "reverse_logprob" in names and "forward_logprob" in names
 
 
 def features(signals: dict[str, float], names: tuple[str, ...]) -> list[float]:
-    """The regression's inputs: the signals named, their products in DERIVED (DERIVED_FULL too, with the reverse
-    model) and, with the reverse model, the gap between the two directions' log-probabilities."""
+    """The regression's inputs: the signals named, their products in DERIVED and DERIVED_FULL whose factors are
+    named too and, with both directions' log-probabilities, the gap between them."""
     row = [float(signals[name]) for name in names]
     row += [float(signals[a]) * float(signals[b]) for a, b in _derived(names)]
-    if "reverse_logprob" in names:
+    if _gap(names):
         row.append(abs(float(signals["forward_logprob"]) - float(signals["reverse_logprob"])))
     return row
 
 
 def feature_names(names: tuple[str, ...]) -> list[str]:
     derived = [f"{a}^2" if a == b else f"{a}*{b}" for a, b in _derived(names)]
-    return [*names, *derived, *(["direction_gap"] if "reverse_logprob" in names else [])]
+    return [*names, *derived, *(["direction_gap"] if _gap(names) else [])]
 
 
 @dataclass
@@ -321,11 +336,45 @@ class ModeCalibration:
     weights: list[float]
     bias: float
     l2: float | None = None  # the regularisation it was fitted with (cross-validated)
+    reliability: list[dict] | None = None  # `reliability` bins of this score on held-out translations
 
     def probability(self, signals: dict[str, float]) -> float:
         row = features(signals, self.signals)
         z = self.bias + sum(w * (x - m) / s for w, x, m, s in zip(self.weights, row, self.mean, self.scale))
         return 1.0 / (1.0 + math.exp(-max(min(z, 40.0), -40.0)))
+
+    def held_out(self, score: float) -> dict | None:
+        """The held-out bin `score` falls in ({low, high, answers, adequate}: of `answers` held-out translations
+        scored from low to high, the share `adequate` was labelled good), or None without reliability bins."""
+        if not self.reliability:
+            return None
+        for found in self.reliability:
+            if score <= found["high"]:
+                return dict(found)
+        return dict(self.reliability[-1])
+
+
+def reliability(scores: list[float], labels: list[int], bins: int = RELIABILITY_BINS) -> list[dict]:
+    """What scores meant on labelled translations: sorted by score and cut into `bins` bins of (nearly) equal count,
+    each bin's lowest and highest score, its count and the share labelled good (1). Ties stay in one bin."""
+    ranked = sorted(zip(scores, labels, strict=True))
+    found: list[dict] = []
+    start = 0
+    for index in range(1, bins + 1):
+        end = round(index * len(ranked) / bins)
+        while 0 < end < len(ranked) and ranked[end][0] == ranked[end - 1][0]:
+            end += 1  # a score on a bin's edge: its ties join it
+        if end <= start:
+            continue
+        chunk = ranked[start:end]
+        found.append({
+            "low": round(chunk[0][0], 4),
+            "high": round(chunk[-1][0], 4),
+            "answers": len(chunk),
+            "adequate": round(sum(label for _, label in chunk) / len(chunk), 4),
+        })
+        start = end
+    return found
 
 
 @dataclass
@@ -346,6 +395,7 @@ class Calibration:
                     "weights": c.weights,
                     "bias": c.bias,
                     "l2": c.l2,
+                    "reliability": c.reliability,
                 }
                 for mode, c in self.modes.items()
             },
@@ -373,7 +423,8 @@ class Calibration:
             return calibration
         modes = {
             mode: ModeCalibration(
-                tuple(c["signals"]), c["mean"], c["scale"], c["weights"], float(c["bias"]), c.get("l2")
+                tuple(c["signals"]), c["mean"], c["scale"], c["weights"], float(c["bias"]), c.get("l2"),
+                c.get("reliability"),
             )
             for mode, c in data["modes"].items()
         }

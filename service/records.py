@@ -28,6 +28,7 @@ class TrustRecord:
     signals: dict[str, float]
     mode: str
     calibrated: bool
+    held_out: dict | None = None  # what the score meant on held-out translations (model.Trust.held_out)
     sentence: int | None = None  # a text joined from sentences: the least trusted sentence, whose score this is
 
     def json(self) -> dict[str, Any]:
@@ -37,6 +38,7 @@ class TrustRecord:
             "signals": self.signals,
             "mode": self.mode,
             "calibrated": self.calibrated,
+            "held_out": self.held_out,
         }
         if self.sentence is not None:
             result["sentence"] = self.sentence

@@ -65,7 +65,8 @@ def translation_record(
 
 def trust_record(trust: Trust) -> TrustRecord:
     flags = [TrustFlagRecord(flag.kind, flag.side, list(flag.words), list(flag.text)) for flag in trust.flags]
-    return TrustRecord(trust.score, flags, dict(trust.signals), trust.mode, trust.calibrated)
+    held_out = None if trust.held_out is None else dict(trust.held_out)
+    return TrustRecord(trust.score, flags, dict(trust.signals), trust.mode, trust.calibrated, held_out)
 
 
 def explanation_json(explained: Explanation, model_id: str, explanation_id: str) -> dict[str, Any]:

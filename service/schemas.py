@@ -110,10 +110,10 @@ class TranslateRequest(ModelChoice):
     trust: TrustMode = Field(
         DEFAULT_TRUST_MODE,
         description='How far to believe each translation (`trust` on every hypothesis): "fast" from the decode '
-        'alone (about 3 % more CPU per sentence); "full" also forces the reverse model over each translation '
-        "(its log-probability of the source: a slightly stronger score, and omission flags it confirms; about half "
-        'a sentence\'s CPU again, one forced decode per hypothesis); "off": no `trust`. docs/explanations.md '
-        '("Trust") has the measurements.',
+        'alone (under 10 % more CPU per sentence); "full" also forces the reverse model over each translation '
+        "(its log-probability of the source among the signals, and omission flags it confirms; the same score, "
+        "which no other signal improved on held-out sets; one forced decode per hypothesis, more CPU than the "
+        'decode); "off": no `trust`. docs/explanations.md ("Trust") has the measurements.',
     )
     split_sentences: bool = Field(
         True,
@@ -174,10 +174,18 @@ class TrustFlagOut(BaseModel):
     text: list[str] = Field(description="Those words.")
 
 
+class HeldOutOut(BaseModel):
+    low: float = Field(description="The lowest score of the bin.")
+    high: float = Field(description="The highest score of the bin.")
+    answers: int = Field(description="Held-out translations scored from low to high.")
+    adequate: float = Field(description="The share of them labelled adequate (0 to 1).")
+
+
 class TrustOut(BaseModel):
     score: float = Field(
-        description="Estimated probability (0 to 1) that the translation is adequate: a logistic regression on "
-        "`signals` fitted for this model (`calibrated`), else exp(signals.forward_logprob)."
+        description="Estimated probability (0 to 1) that the translation is adequate: fitted for this model "
+        "(`calibrated`) on the signals GET /v1/models names as its `score_signals` (the mean token log-probability, "
+        "chosen by measurement), else exp(signals.forward_logprob)."
     )
     flags: list[TrustFlagOut]
     signals: dict[str, float] = Field(
@@ -187,8 +195,16 @@ class TrustOut(BaseModel):
         "reverse_logprob (the reverse model's mean log-probability of the source given the translation). Empty "
         "for a text split into sentences (see each sentence's)."
     )
-    mode: Literal["fast", "full"] = Field(description="Which signals the score used.")
+    mode: Literal["fast", "full"] = Field(
+        description='Which signals were computed and read by the flags ("full": the reverse model\'s too).'
+    )
     calibrated: bool = Field(description="false: no calibration fitted for these weights; the default score.")
+    held_out: HeldOutOut | None = Field(
+        None,
+        description="What such a score meant on this model's translations of held-out sentences (ones its "
+        "calibration never saw): of `answers` translations scored from `low` to `high`, the share `adequate` were "
+        "labelled adequate. Null without a calibration.",
+    )
     sentence: int | None = Field(
         None, description="For a text split into sentences: the sentence whose score this is (the least trusted)."
     )
@@ -463,8 +479,10 @@ class ModelInfo(BaseModel):
     trust: dict | None = Field(
         None,
         description="The trust score: `calibrated` (a trust.json fitted on these weights is loaded; else the "
-        "uncalibrated default and a `note` why), `fitted_on` (what it was fitted on), `full_available` (the reverse "
-        'model "full" needs is served).',
+        "uncalibrated default and a `note` why), `score_signals` (per mode, the signals the score is fitted on), "
+        "`reliability` (per mode, what scores meant on held-out translations: bins of low, high, answers and the "
+        "share adequate), `fitted_on` (what it was fitted on), `full_available` (the reverse model \"full\" needs "
+        "is served).",
     )
     max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")
     max_text_characters: int = Field(description="The most characters a text may have.")

@@ -6,8 +6,11 @@
 Rerun it whenever the weights change (trust.json names the weights digest it was fitted on; a Translator whose
 weights differ from it ignores it and says so). It translates the "fit" half of the labelled development set
 (model.training.trust_data: clean, perturbed and long sources, labelled by sentence chrF), reads each
-translation's signals, and fits one logistic regression per trust mode ("fast": the decode's own signals;
-"full": those and the reverse model's). bench.trust scores the other half.
+translation's signals, and fits one logistic regression per trust mode on the signals model.trust.SCORE_SIGNALS
+names for it (chosen by python -m bench.trust_heldout). Then it translates the "test" half, which the fit never
+saw, and stores what each mode's scores meant there (model.trust.reliability: equal-count bins of scores, each with
+the share of its translations labelled good): the meaning the viewer and the API give a score. bench.trust scores
+the test half too.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from model.training.trust_data import good_chrf, labelled_sources, translate_and_label
 from model.translator import Translator, resolve_model_path
-from model.trust import FAST_SIGNALS, FULL_SIGNALS, Calibration, fit_mode, roc_auc
+from model.trust import SCORE_SIGNALS, Calibration, fit_mode, reliability, roc_auc
 
 
 def fit(model: Translator, reverse: Translator, data: str, source_language: str, target_language: str) -> Calibration:
@@ -28,8 +31,16 @@ def fit(model: Translator, reverse: Translator, data: str, source_language: str,
     timing = translate_and_label(items, model, reverse, target_language)
     rows = [item.signals for item in items]
     labels = [item.good for item in items]
-    modes = {"fast": fit_mode(rows, labels, FAST_SIGNALS), "full": fit_mode(rows, labels, FULL_SIGNALS)}
+    modes = {mode: fit_mode(rows, labels, names) for mode, names in SCORE_SIGNALS.items()}
     counts = Counter((item.category, "good" if item.good else "bad") for item in items)
+    held = labelled_sources(data, source_language, target_language, model, "test")
+    held_timing = translate_and_label(held, model, reverse, target_language)
+    held_labels = [item.good for item in held]
+    held_auc = {}
+    for mode, calibration in modes.items():
+        scores = [calibration.probability(item.signals) for item in held]
+        calibration.reliability = reliability(scores, held_labels)
+        held_auc[mode] = round(roc_auc(scores, held_labels), 4)
     fitted_on = {
         "weights_digest": model.weights_digest,
         "reverse_model": reverse.name,
@@ -42,7 +53,10 @@ def fit(model: Translator, reverse: Translator, data: str, source_language: str,
         "training_auc": {
             mode: round(roc_auc([c.probability(r) for r in rows], labels), 4) for mode, c in modes.items()
         },
-        "seconds": timing["seconds"],
+        "held_out_translations": len(held),
+        "held_out_good": sum(held_labels),
+        "held_out_auc": held_auc,
+        "seconds": round(timing["seconds"] + held_timing["seconds"], 1),
         "command": " ".join(["python -m model.training.calibrate_trust", *sys.argv[1:]]),
     }
     return Calibration(modes, fitted_on)

@@ -74,6 +74,13 @@ export function renderTrust(translation) {
   $("#trust-score").textContent = percent(trust.score);
   $("#trust-score").dataset.score = String(trust.score);
   $("#trust-note").textContent = t(trust.calibrated ? "trust_calibrated" : "trust_uncalibrated", { mode: trust.mode });
+  // What such a score meant on held-out sentences (the calibration's reliability bin), in words.
+  const heldOut = trust.held_out;
+  const meaning = $("#trust-meaning");
+  meaning.hidden = !heldOut;
+  meaning.textContent = heldOut
+    ? t("trust_meaning", { count: Math.round(heldOut.adequate * 10), answers: heldOut.answers })
+    : "";
   const flags = trust.flags ?? [];
   $("#trust-flags").replaceChildren(
     ...(flags.length

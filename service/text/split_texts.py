@@ -98,7 +98,7 @@ def _joined_trust(sentences: list[TranslationRecord]) -> TrustRecord:
         offsets["source"] += len(sentence.source_words)
         offsets["target"] += len(sentence.target_words)
     trust = trusts[weakest]
-    return TrustRecord(trust.score, flags, {}, trust.mode, trust.calibrated, sentence=weakest)
+    return TrustRecord(trust.score, flags, {}, trust.mode, trust.calibrated, trust.held_out, sentence=weakest)
 
 
 __all__ = ["assemble", "model_texts", "plan_texts", "text_pieces"]

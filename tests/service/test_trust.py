@@ -18,6 +18,7 @@ def translate(url: str, body: dict) -> httpx.Response:
 
 def assert_same_trust(got: dict, expected: dict) -> None:
     assert got["mode"] == expected["mode"] and got["calibrated"] == expected["calibrated"]
+    assert got["held_out"] == expected["held_out"]
     assert got["flags"] == expected["flags"]
     assert got["score"] == pytest.approx(expected["score"], abs=1e-3)
     assert set(got["signals"]) == set(expected["signals"])
@@ -36,6 +37,10 @@ def test_every_hypothesis_carries_trust_by_default(service_url):
             assert {"forward_logprob", "source_coverage", "repetition", "length_ratio"} <= set(trust["signals"])
             mean = sum(hypothesis["token_scores"]) / len(hypothesis["token_scores"])
             assert trust["signals"]["forward_logprob"] == pytest.approx(mean, abs=1e-6)
+            held = trust["held_out"]  # what such a score meant held out: only with a calibration
+            assert (held is None) == (not trust["calibrated"])
+            if held is not None:
+                assert held["answers"] > 0 and 0 <= held["adequate"] <= 1 and held["low"] <= held["high"]
             for flag in trust["flags"]:
                 words = hypothesis["source_words" if flag["side"] == "source" else "target_words"]
                 assert flag["text"] == [words[i] for i in flag["words"]]
@@ -85,8 +90,13 @@ def test_models_say_whether_the_score_is_calibrated(service_url):
     for model in models:
         trust = model["trust"]
         assert isinstance(trust["calibrated"], bool) and trust["modes"] == ["off", "fast", "full"]
+        # chosen by measurement (bench.trust_heldout): Seq-Logprob, calibrated, in both modes
+        assert trust["score_signals"] == {"fast": ["forward_logprob"], "full": ["forward_logprob"]}
         if not trust["calibrated"]:
             assert trust["note"]
+        else:
+            for bins in trust["reliability"].values():
+                assert sum(found["answers"] for found in bins) == trust["fitted_on"]["held_out_translations"]
 
 
 def test_scores_and_flags_reach_the_metrics(service_url):

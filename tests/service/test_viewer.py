@@ -560,6 +560,8 @@ def test_the_trust_block_shows_the_answers_score_and_marks_its_flagged_words(pag
     trust = shown["trust"]
     assert page.locator("#trust-block").is_visible()
     assert float(page.get_attribute("#trust-score", "data-score")) == trust["score"]
+    # the score's meaning in words comes with a calibration only (its held-out bin)
+    assert page.locator("#trust-meaning").is_visible() == (trust["held_out"] is not None)
     assert page.locator("#trust-flags li[data-kind]").count() == len(trust["flags"])
     for flag in trust["flags"]:
         container = "#trust-source" if flag["side"] == "source" else "#trust-target"
@@ -578,6 +580,7 @@ def test_the_trust_block_shows_the_answers_score_and_marks_its_flagged_words(pag
             {"kind": "omission", "side": "source", "words": [0], "text": [hypothesis["source_words"][0]]},
             {"kind": "repetition", "side": "target", "words": [0], "text": [hypothesis["target_words"][0]]},
         ]
+        hypothesis["trust"]["held_out"] = {"low": 0.61, "high": 0.7, "answers": 92, "adequate": 0.7065}
         route.fulfill(response=response, json=payload)
 
     page.route("**/v1/translate", flagged)
@@ -585,6 +588,8 @@ def test_the_trust_block_shows_the_answers_score_and_marks_its_flagged_words(pag
     assert page.get_attribute("#trust-source mark[data-w='0']", "data-flags") == "omission"
     assert page.get_attribute("#trust-target mark[data-w='0']", "data-flags") == "repetition"
     assert page.locator("#trust-flags li[data-kind]").count() == 2
+    meaning = page.inner_text("#trust-meaning")  # a calibrated answer's held-out bin, said in words
+    assert "About 7 in 10" in meaning and "92 translations" in meaning
     look_at(page, "trust-light-en")
     page.click("#ui-lang")
     assert page.inner_text("#trust-heading") == "可信度"
