@@ -13,50 +13,39 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from model.agreeing import Aligner
+from model.assessment import Assessor, calibration_fit, calibration_info
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
-from model.choices import TRUST_MODES
 from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy, TokenCallback
-from model.decoding.search import Hypothesis, beam_search, length_budget
+from model.decoding.search import Hypothesis, beam_search
 from model.errors import InputTooLongError, InvalidInputError, UnknownModelError
 from model.explanations.agreement import (
-    AlignmentChoice,
     AlignmentItem,
     AlignmentMethod,
     AlignmentRows,
-    agreed_alignment,
 )
-from model.explanations.alignment import alignment_matrix, attention_links, shift_rows
+from model.explanations.alignment import alignment_matrix
 from model.explanations.attribution import Attributions, attribute
 from model.explanations.explain import (
     AttentionSteps,
     attention_steps,
     check_ids,
     encoder_self_attention,
-    forced_alignment_rows,
     forced_decode,
-    forced_logprobs,
 )
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
 from model.runtime import cast_weights, forced_pass, load_step
 from model.runtime.step import weights_precision
-from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
+from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
-from model.trust import (
-    Calibration,
-    Trust,
-    _Reading,
-    frequent_pieces,
-    piece_scores,
-    signals_and_flags,
-    uncalibrated_score,
-)
+from model.trust import Calibration, Trust
 
 logger = logging.getLogger(__name__)
 
@@ -121,38 +110,6 @@ class Translation:
     # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
     alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
     trust: Trust | None = None  # how far to believe it (Translator.assess; model.trust)
-
-
-def word_links(
-    matrix: Tensor | list[list[float]], source_tokens: list[str], target_tokens: list[str]
-) -> tuple[list[tuple[int, int]], list[str], list[str]]:
-    """Merge pieces into words; each target word aligns to the source word receiving most attention mass
-    in the alignment head's (T, S) rows (never the source's final </s>): (pairs, source words, target words).
-    `matrix`: the rows, or the same as host lists (model.host.matrices_to_lists: what a batch's translations use)."""
-    source_groups = word_groups(source_tokens)
-    target_groups = word_groups(target_tokens)
-    rows = matrix.float().tolist() if isinstance(matrix, Tensor) else matrix
-    candidates = [w for w, pieces in enumerate(source_groups) if not is_special_piece(source_tokens[pieces[0]])]
-    if not candidates:
-        candidates = list(range(len(source_groups)))
-    # Each target word's rows averaged, then each candidate source word's columns summed, over host lists (a
-    # torch call per word cost more than its arithmetic).
-    pairs = []
-    for target_word, pieces in enumerate(target_groups):
-        # a lone "▁" is part of its word's text, not of what the word attends to (unless it is the whole word)
-        used = [piece for piece in pieces if not is_lone_space(target_tokens[piece])] or pieces
-        average = [sum(column) / len(used) for column in zip(*(rows[piece] for piece in used))]
-        mass = [sum(average[piece] for piece in source_groups[word]) for word in candidates]
-        pairs.append((candidates[max(range(len(mass)), key=mass.__getitem__)], target_word))
-    return (
-        pairs,
-        [_word_text(source_tokens, g) for g in source_groups],
-        [_word_text(target_tokens, g) for g in target_groups],
-    )
-
-
-def _word_text(tokens: list[str], group: list[int]) -> str:
-    return "".join(tokens[i] for i in group).replace("\u2581", " ").strip() or tokens[group[0]]
 
 
 @dataclass
@@ -439,7 +396,7 @@ class Translator:
         """The Translations of decoded texts (their n-best, best first; [] for a blank text). Every hypothesis's
         alignment rows come to the host in one read; what follows is Python over those lists."""
         matrices = [self._alignment_matrix(h) for hs in nbest for h in hs]
-        aligned = iter(zip(matrices, matrices_to_lists([self._read_rows(m) for m in matrices]), strict=True))
+        aligned = iter(zip(matrices, matrices_to_lists([self._aligner.read_rows(m) for m in matrices]), strict=True))
         results = []
         for ids, hypotheses, keep in zip(source_ids, nbest, keep_attention, strict=True):
             if not hypotheses:
@@ -560,7 +517,7 @@ class Translator:
         attention = hypothesis.cross_attention
         if matrix is None:
             matrix = self._alignment_matrix(hypothesis)
-        pairs, words = self._alignments(matrix, source_tokens, target_tokens, rows)
+        pairs, words = self._aligner.links(matrix, source_tokens, target_tokens, rows)
         return Translation(
             text=self.tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -586,30 +543,7 @@ class Translator:
         as `translate(..., reverse=reverse)` gives it: for choosing the alignment after decoding. This model's rows
         are the decode's own (under int8 they differ from an explanation's float32 rows by quantization error, as
         the inline attention does); the reverse model's forced decodes for all of them share batches."""
-        hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
-        agreed = self._agreements(
-            [
-                AlignmentItem(h.source_ids, h.target_ids, h.alignment, h.word_alignment, h.alignment_rows)
-                for h in hypotheses
-            ],
-            reverse,
-        )
-        by_hypothesis = {id(h): links for h, links in zip(hypotheses, agreed, strict=True)}
-
-        def rebuilt(translation: Translation) -> Translation:
-            if id(translation) not in by_hypothesis:  # a blank text: nothing was decoded, nothing to align
-                return translation
-            choice = by_hypothesis[id(translation)]
-            return replace(
-                translation,
-                alignment=choice.token_links,
-                word_alignment=choice.word_links,
-                alignment_method=choice.method,
-                alignment_note=choice.note,
-                alternatives=[rebuilt(alternative) for alternative in translation.alternatives],
-            )
-
-        return [rebuilt(translation) for translation in translations]
+        return self._aligner.with_agreements(translations, reverse)
 
     def assess(
         self,
@@ -622,201 +556,36 @@ class Translator:
         "full": also the reverse model's log-probabilities of the source forced after each translation (their
         forced decodes share batches; without `reverse` "full" is "fast"). "off": trust stays None. `options`: what
         the translations were decoded with (their length budget tells a truncated hypothesis; default: defaults)."""
-        if mode not in TRUST_MODES:
-            raise InvalidInputError(f"trust must be one of {', '.join(TRUST_MODES)}")
-        if mode == "off":
-            return
-        hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
-        if mode == "full" and reverse is None:
-            mode = "fast"
-        texts = [(self.tokenizer.source_text(h.source_ids), h.text) for h in hypotheses]
-        backward: dict[int, tuple[list[int], list[int]]] = {}
-        if mode == "full":
-            for index, (source_text, translation) in enumerate(texts):
-                pair, _ = reverse._reverse_pair(source_text, translation)
-                if pair is not None:
-                    backward[index] = pair
-        reverse_scores = dict(
-            zip(backward, forced_logprobs(reverse.exact_model, list(backward.values())) if backward else [])
-        )
-        eos = self.tokenizer.eos_id
-        # At the length budget the search ends a hypothesis with </s> (Marian's forced_eos_token_id), so a
-        # hypothesis that long with </s> last was cut; one without </s> (a client's target) never ended.
-        budget, limit = options or DecodingOptions(), self.config.max_position_embeddings
-        # every hypothesis's rows on the host in one read (the trust signals are Python over those lists)
-        with_rows = [i for i, h in enumerate(hypotheses) if h.alignment_rows is not None]
-        read = matrices_to_lists([self._read_rows(hypotheses[i].alignment_rows) for i in with_rows])
-        host_rows = dict(zip(with_rows, read, strict=True))
-        for index, hypothesis in enumerate(hypotheses):
-            reading = _Reading(
-                source_tokens=hypothesis.source_tokens,
-                target_tokens=hypothesis.target_tokens,
-                token_logprobs=list(hypothesis.token_logprobs),
-                rows=host_rows.get(index),
-                ended=bool(hypothesis.target_ids)
-                and hypothesis.target_ids[-1] == eos
-                and len(hypothesis.target_ids) < length_budget(len(hypothesis.source_ids), budget, limit),
-                source_words=hypothesis.source_words,
-                target_words=hypothesis.target_words,
-                source_text=texts[index][0],
-                frequent=self._frequent_pieces,
-                linked_source=frozenset(s for s, _ in hypothesis.word_alignment),
-                piece_scores=self._piece_scores,
-                rarest_score=self._rarest_score,
-            )
-            if index in reverse_scores:
-                reading.reverse_logprobs = reverse_scores[index]
-                reading.reverse_pieces = reverse.tokenizer.target_tokens(backward[index][1])
-            signals, flags = signals_and_flags(reading)
-            used = "full" if index in reverse_scores else "fast"  # "full" where the reverse model read the pair
-            if used == "full":
-                logprobs = reverse_scores[index]
-                signals["reverse_logprob"] = sum(logprobs) / len(logprobs)
-            fit = self.trust_fit(used)
-            score = fit.probability(signals) if fit is not None else uncalibrated_score(signals)
-            held_out = fit.held_out(score) if fit is not None else None
-            hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None, held_out)
+        self._assessor.assess(translations, mode, reverse, options)
 
     @functools.cached_property
-    def _frequent_pieces(self) -> frozenset[str]:
-        return frequent_pieces(self.tokenizer.source_spm)
-
-    @functools.cached_property
-    def _piece_scores(self) -> dict[str, float]:
-        return piece_scores(self.tokenizer.source_spm)
-
-    @functools.cached_property
-    def _rarest_score(self) -> float:
-        return min(self._piece_scores.values(), default=0.0)
+    def _assessor(self) -> Assessor:
+        return Assessor(self)
 
     def trust_fit(self, mode: str):
         """The calibration's fit of `mode` ("fast", "full") for these weights, or None (no trust.json, or one fitted
         on other weights): the score is then the uncalibrated default."""
-        if self.calibration is None or self.calibration.mismatch:
-            return None
-        return self.calibration.modes.get(mode)
+        return calibration_fit(self.calibration, mode)
 
     @property
     def trust_info(self) -> dict:
         """What GET /v1/models says of this model's trust score."""
-        if self.calibration is None or self.calibration.mismatch:
-            return {
-                "calibrated": False,
-                "note": self.calibration.mismatch
-                if self.calibration is not None
-                else "no trust.json beside the weights",
-                "modes": list(TRUST_MODES),
-                "score": "uncalibrated default: exp(mean token log-probability); fit one with "
-                "python -m model.training.calibrate_trust",
-                "score_signals": {mode: ["forward_logprob"] for mode in TRUST_MODES if mode != "off"},
-            }
-        modes = self.calibration.modes
-        return {
-            "calibrated": True,
-            "modes": list(TRUST_MODES),
-            "score_signals": {mode: list(fit.signals) for mode, fit in modes.items()},
-            "reliability": {mode: fit.reliability for mode, fit in modes.items() if fit.reliability},
-            "fitted_on": self.calibration.fitted_on,
-        }
+        return calibration_info(self.calibration)
 
-    def _alignments(
-        self, matrix: Tensor, source_tokens: list[str], target_tokens: list[str], rows: list[list[float]] | None = None
-    ):
-        """Token and word alignments from the alignment head's (T, S) rows, read as the model declares (`rows`: that
-        reading as host lists, where the caller made them for a batch; else made here, in one read)."""
-        if rows is None:
-            (rows,) = matrices_to_lists([self._read_rows(matrix)])
-        return attention_links(rows), word_links(rows, source_tokens, target_tokens)
+    @functools.cached_property
+    def _aligner(self) -> Aligner:
+        return Aligner(self)
 
     def alignment_rows(self, source: str, target: str) -> AlignmentRows:
         """The alignment head's rows (read as the model declares) when `target` is forced after `source`:
         what a reverse model contributes to `agreed_alignment`. Raises InputTooLongError past the positions."""
-        return self._forced_rows([self._pair_ids(source, target)])[0]
-
-    def _pair_ids(self, source: str, target: str) -> tuple[list[int], list[int]]:
-        """(source ids, target ids) of a pair to force; InputTooLongError past the model's positions."""
-        source_ids = self.tokenizer.encode_source(source)
-        target_ids = self.tokenizer.encode_target(target)
-        limit = self.config.max_position_embeddings
-        if max(len(source_ids), len(target_ids)) > limit:
-            raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
-        return source_ids, target_ids
-
-    def _reverse_pair(
-        self, source_text: str, translation: str
-    ) -> tuple[tuple[list[int], list[int]] | None, str | None]:
-        """As the reverse model of a translation: the (source ids, target ids) that force `source_text` after
-        `translation`, or None and why it cannot (for the agreement and for trust "full")."""
-        if not source_text.strip() or not translation.strip():
-            return None, "nothing to agree on: the source or the translation is empty"
-        try:
-            return self._pair_ids(translation, source_text), None
-        except InputTooLongError:
-            return None, f"the pair is too long for the reverse model {self.name}"
-
-    def _forced_rows(
-        self, pairs: list[tuple[list[int], list[int]]], matrices: list[Tensor | None] | None = None
-    ) -> list[AlignmentRows]:
-        """The alignment head's rows over each (source ids, target ids) pair, read as the model declares, with the
-        pieces they belong to: `matrices[i]` where given (rows already made, unread), else from forced decodes of
-        the exact model in shared batches (model.explanations.explain.forced_alignment_rows)."""
-        matrices = list(matrices) if matrices is not None else [None] * len(pairs)
-        missing = [i for i, matrix in enumerate(matrices) if matrix is None]
-        computed = forced_alignment_rows(self.exact_model, [pairs[i] for i in missing], *self.alignment_head)
-        for i, matrix in zip(missing, computed, strict=True):
-            matrices[i] = matrix
-        return [
-            AlignmentRows(
-                self._read_rows(matrix), self.tokenizer.source_tokens(source), self.tokenizer.target_tokens(target)
-            )
-            for (source, target), matrix in zip(pairs, matrices, strict=True)
-        ]
-
-    def _read_rows(self, matrix: Tensor) -> Tensor:
-        return shift_rows(matrix) if self.alignment_shift else matrix
-
-    def _agreements(self, items: list[AlignmentItem], reverse: Translator | None) -> list[AlignmentChoice]:
-        """Per item, the alignment agreed with `reverse`, or the head's one-best given (without `reverse`, or where
-        the reverse model cannot read the pair: the note says why).
-
-        Rows not given come from forced decodes of the exact model, as an explanation recomputes them; the
-        reverse model's always do, in shared batches. So a link whose product lies within float rounding (or,
-        under int8 decoding, quantization error) of the threshold can differ between an answer and a later fetch."""
-        results: list[AlignmentChoice | None] = [None] * len(items)
-        wanted: list[int] = []
-        backward: list[tuple[list[int], list[int]]] = []
-        texts = [
-            (self.tokenizer.source_text(item.source_ids), self.tokenizer.detokenize(item.target_ids)) for item in items
-        ]
-
-        def head(item: AlignmentItem, note: str | None = None) -> AlignmentChoice:
-            return AlignmentChoice(item.token_links, item.word_links, AlignmentMethod.HEAD, note)
-
-        for index, (item, (source_text, translation)) in enumerate(zip(items, texts, strict=True)):
-            if reverse is None:
-                results[index] = head(item)
-                continue
-            pair, note = reverse._reverse_pair(source_text, translation)
-            if pair is None:
-                results[index] = head(item, note)
-            else:
-                backward.append(pair)
-                wanted.append(index)
-        if wanted:
-            forward_rows = self._forced_rows(
-                [(items[i].source_ids, items[i].target_ids) for i in wanted], [items[i].rows for i in wanted]
-            )
-            reverse_rows = reverse._forced_rows(backward)
-            for index, forward, back in zip(wanted, forward_rows, reverse_rows, strict=True):
-                agreed = agreed_alignment(forward, back, *texts[index])
-                results[index] = AlignmentChoice(agreed.token_links, agreed.word_links, AlignmentMethod.AGREEMENT)
-        return results
+        return self._aligner.forced_rows([self._aligner.pair_ids(source, target)])[0]
 
     def force(self, source: str, target: str) -> Translation:
         """The Translation this model gives `source` had its search chosen `target` (teacher-forced by the exact
         model: its token log-probabilities and alignment head), without alternatives: for assessing a translation
         made elsewhere (`assess`). Raises InputTooLongError past the model's positions."""
-        source_ids, target_ids = self._pair_ids(source, target)
+        source_ids, target_ids = self._aligner.pair_ids(source, target)
         decoded = forced_decode(self.exact_model, source_ids, target_ids, encoder_attention=False)
         hypothesis = Hypothesis(
             token_ids=target_ids,
@@ -845,8 +614,8 @@ class Translator:
         source_tokens = self.tokenizer.source_tokens(source_ids)
         target_tokens = self.tokenizer.target_tokens(target_ids)
         matrix = alignment_matrix(decoded.cross_attention, *self.alignment_head)
-        pairs, words = self._alignments(matrix, source_tokens, target_tokens)
-        (agreed,) = self._agreements(
+        pairs, words = self._aligner.links(matrix, source_tokens, target_tokens)
+        (agreed,) = self._aligner.agreements(
             [AlignmentItem(list(source_ids), list(target_ids), pairs, words[0], matrix)], reverse
         )
         return Explanation(

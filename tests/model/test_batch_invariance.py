@@ -103,7 +103,7 @@ def test_int8_answers_maps_agree_with_the_fp32_step_by_step_arithmetic_to_the_st
         for answer in translator.translate(texts[first : first + 16], beam_size=4, return_attention=True):
             # the maps POST /v1/explain's step-by-step arithmetic (attention_steps) runs on: the fp32 model's
             exact = forced_decode(translator.exact_model, answer.source_ids, answer.target_ids, False)
-            exact_words = translator._alignments(
+            exact_words = translator._aligner.links(
                 alignment_matrix(exact.cross_attention, *translator.alignment_head),
                 translator.tokenizer.source_tokens(answer.source_ids),
                 translator.tokenizer.target_tokens(answer.target_ids),

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
+from model.agreeing import word_links
 from model.explanations.alignment import alignment_matrix, attention_links
 from model.explanations.explain import forced_decode
 from model.runtime import forced_pass
 from model.tokenizer import is_special_piece, word_groups
-from model.translator import word_links
 from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus
 
 ALIGNMENT_SENTENCES = [english for english, _ in synthetic_corpus(count=8, seed=11)]
