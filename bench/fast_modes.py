@@ -18,8 +18,9 @@ import torch
 from bench import machine, write_report
 from bench.engine import convert_ctranslate2
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
+from model.loading import resolve_model_path
 from model.runtime import EagerStep
-from model.translator import Translator, resolve_model_path
+from model.translator import Translator
 
 logger = logging.getLogger("bench.fast_modes")
 

@@ -50,9 +50,11 @@ _PUBLIC = {
     "DecodingOptions": ("model.options", "DecodingOptions"),
     "Transformer": ("model.transformer", "Transformer"),
     **{
-        name: ("model.translator", name)
-        for name in ("Explanation", "StreamedToken", "Translation", "Translator")
+        name: ("model.translation", name)
+        for name in ("Explanation", "StreamedToken", "Translation")
     },
+    "Translator": ("model.translator", "Translator"),
+    "ReverseReading": ("model.agreeing", "ReverseReading"),
     "Trust": ("model.trust", "Trust"),
     "TrustFlag": ("model.trust", "TrustFlag"),
 }
@@ -80,6 +82,7 @@ __all__ = [  # the keys of _PUBLIC (tests/model/test_public_api.py)
     "InvalidInputError",
     "MAX_BEAM_SIZE",
     "ModelConfig",
+    "ReverseReading",
     "StreamedToken",
     "TRUST_MODES",
     "Transformer",
@@ -107,6 +110,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and editors see
+    from model.agreeing import ReverseReading
     from model.choices import (
         ALIGNMENT_METHODS,
         ATTRIBUTION_DEFAULT_STEPS,
@@ -134,5 +138,6 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from model.explanations.explain import AttentionSteps
     from model.options import MAX_BEAM_SIZE, DecodingOptions
     from model.transformer import Transformer
-    from model.translator import Explanation, StreamedToken, Translation, Translator
+    from model.translation import Explanation, StreamedToken, Translation
+    from model.translator import Translator
     from model.trust import Trust, TrustFlag

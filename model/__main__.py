@@ -11,7 +11,8 @@ import sys
 from wcwidth import wcswidth
 
 from model.errors import TranslatorError
-from model.translator import Translator, pretrained_names
+from model.loading import pretrained_names
+from model.translator import Translator
 
 
 def _translation_json(translation, with_attention: bool) -> dict:

@@ -15,12 +15,13 @@ from model.choices import AlignmentMethod
 from model.errors import InputTooLongError
 from model.explanations.agreement import AlignmentChoice, AlignmentItem, AlignmentRows, agreed_alignment
 from model.explanations.alignment import attention_links, shift_rows
-from model.explanations.explain import forced_alignment_rows
+from model.explanations.explain import forced_alignment_rows, forced_readings
 from model.host import matrices_to_lists
 from model.tokenizer import is_lone_space, is_special_piece, word_groups
 
 if TYPE_CHECKING:
-    from model.translator import Translation, Translator
+    from model.translation import Translation
+    from model.translator import Translator
 
 
 def word_links(
@@ -55,13 +56,64 @@ def _word_text(tokens: list[str], group: list[int]) -> str:
     return "".join(tokens[i] for i in group).replace("\u2581", " ").strip() or tokens[group[0]]
 
 
+Pair = tuple[list[int], list[int]]  # (source ids, target ids) to force
+
+
+class ReverseReading:
+    """The reverse model's reading of translations forced back (each one's source forced after it), shared by the
+    agreement and trust "full" of one batch: each (source, translation) is tokenized for the reverse model once and
+    forced once, its alignment rows (`rows`) and token log-probabilities (`logprobs`) read from the same pass.
+    Give one to Translator.with_agreements and Translator.assess over the same translations; made without one,
+    each reads what it needs alone."""
+
+    def __init__(self, reverse: Translator, rows: bool = True, logprobs: bool = True) -> None:
+        self.reverse, self.want_rows, self.want_logprobs = reverse, rows, logprobs
+        self._pairs: dict[tuple[str, str], tuple[Pair | None, str | None]] = {}
+        self._read: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[AlignmentRows | None, list[float] | None]] = {}
+        self.forced = 0  # pairs forced through the reverse model so far
+
+    def pair(self, source_text: str, translation: str) -> tuple[Pair | None, str | None]:
+        """Aligner.reverse_pair of the reverse model, once per (source, translation)."""
+        key = (source_text, translation)
+        if key not in self._pairs:
+            self._pairs[key] = self.reverse._aligner.reverse_pair(source_text, translation)
+        return self._pairs[key]
+
+    def rows(self, pairs: list[Pair]) -> list[AlignmentRows]:
+        return [rows for rows, _ in self._reads(pairs, rows=True)]
+
+    def logprobs(self, pairs: list[Pair]) -> list[list[float]]:
+        return [logprobs for _, logprobs in self._reads(pairs, rows=False)]
+
+    def _reads(self, pairs: list[Pair], rows: bool) -> list[tuple[AlignmentRows | None, list[float] | None]]:
+        keys = [(tuple(source), tuple(target)) for source, target in pairs]
+        part = 0 if rows else 1
+        missing = list(dict.fromkeys(k for k in keys if self._read.get(k, (None, None))[part] is None))
+        if missing:
+            want_rows, want_logprobs = self.want_rows or rows, self.want_logprobs or not rows
+            aligner, reverse = self.reverse._aligner, self.reverse
+            forced = [(list(source), list(target)) for source, target in missing]
+            read = forced_readings(
+                reverse.exact_model, forced, reverse.alignment_head if want_rows else None, want_logprobs
+            )
+            matrices = [r.rows for r in read] if want_rows else None
+            made = aligner.forced_rows(forced, matrices) if want_rows else [None] * len(forced)
+            for key, reading, rows_of in zip(missing, read, made, strict=True):
+                had_rows, had_logprobs = self._read.get(key, (None, None))
+                self._read[key] = (rows_of or had_rows, reading.logprobs or had_logprobs)
+            self.forced += len(missing)
+        return [self._read[key] for key in keys]
+
+
 class Aligner:
     """One translator's alignments: its links from rows, its forced rows, its side of an agreement."""
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
 
-    def with_agreements(self, translations: list[Translation], reverse: Translator) -> list[Translation]:
+    def with_agreements(
+        self, translations: list[Translation], reverse: Translator, reading: ReverseReading | None = None
+    ) -> list[Translation]:
         """Translator.with_agreements."""
         hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
         agreed = self.agreements(
@@ -70,6 +122,7 @@ class Aligner:
                 for h in hypotheses
             ],
             reverse,
+            reading,
         )
         by_hypothesis = {id(h): links for h, links in zip(hypotheses, agreed, strict=True)}
 
@@ -142,13 +195,16 @@ class Aligner:
     def read_rows(self, matrix: Tensor) -> Tensor:
         return shift_rows(matrix) if self.translator.alignment_shift else matrix
 
-    def agreements(self, items: list[AlignmentItem], reverse: Translator | None) -> list[AlignmentChoice]:
+    def agreements(
+        self, items: list[AlignmentItem], reverse: Translator | None, reading: ReverseReading | None = None
+    ) -> list[AlignmentChoice]:
         """Per item, the alignment agreed with `reverse`, or the head's one-best given (without `reverse`, or where
         the reverse model cannot read the pair: the note says why).
 
         Rows not given come from forced decodes of the exact model, as an explanation recomputes them; the
         reverse model's always do, in shared batches. So a link whose product lies within float rounding (or,
-        under int8 decoding, quantization error) of the threshold can differ between an answer and a later fetch."""
+        under int8 decoding, quantization error) of the threshold can differ between an answer and a later fetch.
+        `reading`: the reverse model's reading to share (ReverseReading), else one made here."""
         results: list[AlignmentChoice | None] = [None] * len(items)
         wanted: list[int] = []
         backward: list[tuple[list[int], list[int]]] = []
@@ -158,11 +214,13 @@ class Aligner:
         def head(item: AlignmentItem, note: str | None = None) -> AlignmentChoice:
             return AlignmentChoice(item.token_links, item.word_links, AlignmentMethod.HEAD, note)
 
+        if reverse is not None and reading is None:
+            reading = ReverseReading(reverse, rows=True, logprobs=False)
         for index, (item, (source_text, translation)) in enumerate(zip(items, texts, strict=True)):
             if reverse is None:
                 results[index] = head(item)
                 continue
-            pair, note = reverse._aligner.reverse_pair(source_text, translation)
+            pair, note = reading.pair(source_text, translation)
             if pair is None:
                 results[index] = head(item, note)
             else:
@@ -172,7 +230,7 @@ class Aligner:
             forward_rows = self.forced_rows(
                 [(items[i].source_ids, items[i].target_ids) for i in wanted], [items[i].rows for i in wanted]
             )
-            reverse_rows = reverse._aligner.forced_rows(backward)
+            reverse_rows = reading.rows(backward)
             for index, forward, back in zip(wanted, forward_rows, reverse_rows, strict=True):
                 agreed = agreed_alignment(forward, back, *texts[index])
                 results[index] = AlignmentChoice(agreed.token_links, agreed.word_links, AlignmentMethod.AGREEMENT)

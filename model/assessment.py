@@ -9,10 +9,10 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from model.agreeing import ReverseReading
 from model.choices import TRUST_MODES
 from model.decoding.search import length_budget
 from model.errors import InvalidInputError
-from model.explanations.explain import forced_logprobs
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
 from model.trust import (
@@ -26,7 +26,8 @@ from model.trust import (
 )
 
 if TYPE_CHECKING:
-    from model.translator import Translation, Translator
+    from model.translation import Translation
+    from model.translator import Translator
 
 
 def calibration_fit(calibration: Calibration | None, mode: str):
@@ -83,6 +84,7 @@ class Assessor:
         mode: str,
         reverse: Translator | None,
         options: DecodingOptions | None,
+        reading: ReverseReading | None = None,
     ) -> None:
         """Translator.assess."""
         translator = self.translator
@@ -96,13 +98,12 @@ class Assessor:
         texts = [(translator.tokenizer.source_text(h.source_ids), h.text) for h in hypotheses]
         backward: dict[int, tuple[list[int], list[int]]] = {}
         if mode == "full":
+            reading = reading if reading is not None else ReverseReading(reverse, rows=False, logprobs=True)
             for index, (source_text, translation) in enumerate(texts):
-                pair, _ = reverse._aligner.reverse_pair(source_text, translation)
+                pair, _ = reading.pair(source_text, translation)
                 if pair is not None:
                     backward[index] = pair
-        reverse_scores = dict(
-            zip(backward, forced_logprobs(reverse.exact_model, list(backward.values())) if backward else [])
-        )
+        reverse_scores = dict(zip(backward, reading.logprobs(list(backward.values())) if backward else []))
         eos = translator.tokenizer.eos_id
         # At the length budget the search ends a hypothesis with </s> (Marian's forced_eos_token_id), so a
         # hypothesis that long with </s> last was cut; one without </s> (a client's target) never ended.

@@ -107,8 +107,9 @@ class ServiceMetrics:
         self.forced_decodes = Counter(
             "translation_forced_decodes",
             "Forced decodes run for explanations and attributions, by kind: explanation, explain, source_share, "
-            "the attribution method, agreement (the reverse model's, one per hypothesis aligned by agreement), or "
-            'trust (the reverse model\'s, one per hypothesis assessed in "full").',
+            "the attribution method, agreement (the reverse model's, one per distinct hypothesis it aligned), or "
+            'trust (the reverse model\'s, one per distinct hypothesis assessed in "full" that agreement did not '
+            "force already).",
             ["model", "kind"],
         )
         self.trust_score = Histogram(

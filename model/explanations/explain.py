@@ -151,56 +151,76 @@ def forced_batches(model: Transformer, pairs: list[tuple[list[int], list[int]]],
         yield (chunk, *(t.to(device) for t in teacher_forcing_batch(pairs, chunk, model.config)))
 
 
+@dataclass
+class ForcedReading:
+    """What one forced pair gives `forced_readings`: one head's cross-attention rows (T, S), each target token's
+    log-probability; None where not asked for."""
+
+    rows: Tensor | None
+    logprobs: list[float] | None
+
+
 @torch.inference_mode()
-def forced_alignment_rows(
-    model: Transformer, pairs: list[tuple[list[int], list[int]]], layer: int, head: int | None, batch_size: int = 32
-) -> list[Tensor]:
-    """One head's cross-attention rows (T, S) (head None: the layer's head average) over each (source ids, target
-    ids) pair teacher-forced, as `forced_decode` gives them up to float rounding, at a fraction of its cost: pairs
-    of similar lengths share a padded batch, and the decoder stops at `layer` (no later layer, no output
-    projection). For agreeing alignments after a decode (Translator.with_agreement)."""
+def forced_readings(
+    model: Transformer,
+    pairs: list[tuple[list[int], list[int]]],
+    rows_of: tuple[int, int | None] | None,
+    logprobs: bool,
+    batch_size: int = 32,
+) -> list[ForcedReading]:
+    """Each (source ids, target ids) pair teacher-forced, pairs of similar lengths sharing a padded batch, as
+    `forced_decode` gives it up to float rounding: `rows_of` (layer, head), that head's cross-attention rows (T, S)
+    (head None: the layer's head average); `logprobs`, each target token's log-probability. One pass reads both;
+    rows alone stop the decoder at their layer (no later layer, no output projection). All of a batch's reads come to
+    the host together."""
     device = model.final_logits_bias.device
-    rows: list[Tensor | None] = [None] * len(pairs)
+    last = len(model.decoder_layers) - 1 if logprobs else rows_of[0]
+    readings: list[ForcedReading | None] = [None] * len(pairs)
     for chunk, source, mask, decoder_input in forced_batches(model, pairs, batch_size):
         length = decoder_input.size(1)
         encoder = model.encode(source, mask)
         x = model.add_positions(model.token_embeddings(model.decoder_embed_tokens, decoder_input))
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # padding comes last: unseen
-        for index, decoder_layer in enumerate(model.decoder_layers[: layer + 1]):
+        for index, decoder_layer in enumerate(model.decoder_layers[: last + 1]):
             self_key, self_value = decoder_layer.self_attn.project_key_value(x)
             cross_key, cross_value = decoder_layer.encoder_attn.project_key_value(encoder.hidden)
+            wanted = rows_of is not None and index == rows_of[0]
             x, weights = decoder_layer(
-                x, self_key, self_value, causal, cross_key, cross_value, encoder.mask[:, None, None, :], index == layer
+                x, self_key, self_value, causal, cross_key, cross_value, encoder.mask[:, None, None, :], wanted
             )
-        chosen = weights.float().mean(dim=1) if head is None else weights[:, head].float()  # (B, T, S)
-        (chosen,) = to_host([chosen])
+            if wanted:
+                head = rows_of[1]
+                rows = weights.float().mean(dim=1) if head is None else weights[:, head].float()  # (B, T, S)
+        chosen = None
+        if logprobs:
+            targets = torch.zeros(decoder_input.shape, dtype=torch.long)
+            for row, index in enumerate(chunk):
+                target_ids = pairs[index][1]
+                targets[row, : len(target_ids)] = torch.tensor(target_ids)
+            scores = torch.log_softmax(model.logits(x).float(), dim=-1)  # (B, T, V)
+            chosen = scores.gather(2, targets.to(device)[..., None])[..., 0]
+        rows_host, chosen_host = to_host([rows if rows_of is not None else None, chosen])
         for row, index in enumerate(chunk):
             source_ids, target_ids = pairs[index]
-            rows[index] = chosen[row, : len(target_ids), : len(source_ids)]
-    return rows
+            readings[index] = ForcedReading(
+                rows_host[row, : len(target_ids), : len(source_ids)] if rows_host is not None else None,
+                chosen_host[row, : len(target_ids)].tolist() if chosen_host is not None else None,
+            )
+    return readings
 
 
-@torch.inference_mode()
+def forced_alignment_rows(
+    model: Transformer, pairs: list[tuple[list[int], list[int]]], layer: int, head: int | None, batch_size: int = 32
+) -> list[Tensor]:
+    """`forced_readings`' rows alone: for agreeing alignments after a decode (Translator.with_agreements)."""
+    return [reading.rows for reading in forced_readings(model, pairs, (layer, head), False, batch_size)]
+
+
 def forced_logprobs(
     model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int = 32
 ) -> list[list[float]]:
-    """Each target token's log-probability when (source ids, target ids) is teacher-forced, as `forced_decode`
-    gives them up to float rounding; pairs of similar lengths share a padded batch. For the reverse model's
-    reading of a translation (model.trust, "full")."""
-    device = model.final_logits_bias.device
-    result: list[list[float] | None] = [None] * len(pairs)
-    for chunk, source, mask, decoder_input in forced_batches(model, pairs, batch_size):
-        encoder = model.encode(source, mask)
-        hidden, _ = model.decode(decoder_input, encoder, need_weights=False)
-        logprobs = torch.log_softmax(model.logits(hidden).float(), dim=-1)  # (B, T, V)
-        targets = torch.full(decoder_input.shape, 0, dtype=torch.long)
-        for row, index in enumerate(chunk):
-            target_ids = pairs[index][1]
-            targets[row, : len(target_ids)] = torch.tensor(target_ids)
-        (chosen,) = to_host([logprobs.gather(2, targets.to(device)[..., None])[..., 0]])
-        for row, index in enumerate(chunk):
-            result[index] = chosen[row, : len(pairs[index][1])].tolist()
-    return result
+    """`forced_readings`' log-probabilities alone: the reverse model's reading of a translation (model.trust)."""
+    return [reading.logprobs for reading in forced_readings(model, pairs, None, True, batch_size)]
 
 
 def _head_projection(linear: torch.nn.Linear, x: Tensor, head: int, d_k: int) -> Tensor:

@@ -21,8 +21,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from model.loading import resolve_model_path
 from model.training.trust_data import good_chrf, labelled_sources, translate_and_label
-from model.translator import Translator, resolve_model_path
+from model.translator import Translator
 from model.trust import SCORE_SIGNALS, Calibration, fit_mode, reliability, roc_auc
 
 

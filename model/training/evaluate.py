@@ -12,11 +12,12 @@ import sys
 import torch
 
 from model.decoding.search import beam_search
+from model.loading import DTYPE_NAMES
 from model.options import DecodingOptions
 from model.tokenizer import MarianTokenizer
 from model.training.data import dev_references, read_pairs
 from model.transformer import Transformer
-from model.translator import DTYPE_NAMES, Translator
+from model.translator import Translator
 
 
 def score_translations(hypotheses: list[str], references: list[list[str]], tokenize: str) -> dict[str, float]:

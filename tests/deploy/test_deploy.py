@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from model.translator import resolved_dtype
+from model.loading import resolved_dtype
 from service.app import Ingress, build_app
 from service.config import ServiceConfig, translator_deployment_name
 from service.deployments import TranslatorDeployment

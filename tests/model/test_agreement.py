@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from model import Translator
+from model.loading import resolve_model_path
 from model.training.evaluate_alignment import in_domain_items, link_items, served_alignment_score, through_pieces_score
 from model.training.gold import piece_spans
-from model.translator import resolve_model_path
 from tests.harness.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]

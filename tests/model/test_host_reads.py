@@ -146,7 +146,7 @@ SEARCH_FILES = ("model/decoding/", "model/runtime/")
 def test_the_work_after_a_decode_reads_the_device_at_most_twice_per_batch(beam_size):
     """What a translator replica does with a batch after its search (Translator._translations' tokens, alignments
     and word alignments, as the decode loop's finish builds them; Translator.assess's trust signals, as
-    service/deployments.py's _finish_batch runs it) reads the device
+    service/finishing.py's Finisher runs it) reads the device
     at most twice, whatever the batch's size: the results come to the host once and the rest is Python over them."""
     translator = Translator.from_pretrained("en-zh", device=DEVICE)
     texts = ["The cat sat on the mat.", "Where is the station?", "I would like a cup of tea, please.", "Thank you!",

@@ -54,7 +54,7 @@ def decode(translator: Translator, source_ids: list[list[int]]) -> list[list[int
 
 def ctranslate2_outputs(name: str, translator: Translator, source_ids, quantization: str | None, directory: Path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from model.translator import resolve_model_path
+    from model.loading import resolve_model_path
 
     ctranslate2.converters.TransformersConverter(str(resolve_model_path(name))).convert(
         str(directory), quantization=quantization, force=True

@@ -14,7 +14,7 @@ import torch
 from model import Translator
 from model.explanations.alignment import alignment_matrix
 from model.explanations.explain import forced_decode
-from model.translator import PRETRAINED_DIR
+from model.loading import PRETRAINED_DIR
 from tests.harness.tiny import make_hf_model_dir, synthetic_corpus
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from model import Translator
+from model.loading import PRETRAINED_DIR, pretrained_names
 from model.tokenizer import is_cjk
-from model.translator import PRETRAINED_DIR, pretrained_names
 from tests.harness.tiny import DEVICE
 
 transformers = pytest.importorskip("transformers")

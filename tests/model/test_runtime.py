@@ -238,8 +238,8 @@ def test_ragged_rows_of_the_continuous_scheduler_decode_as_if_alone(extension, s
 
 def test_a_translator_decodes_with_the_compiled_step_by_default(extension):
     from model import Translator
+    from model.loading import resolve_model_path
     from model.tokenizer import MarianTokenizer
-    from model.translator import resolve_model_path
 
     directory = resolve_model_path("en-zh")
     translator = Translator.from_pretrained(directory, device="cpu")

@@ -10,8 +10,8 @@ from model import weight_spec as spec
 from model.checkpoint import load_model
 from model.config import ModelConfig
 from model.errors import CheckpointError
+from model.loading import resolve_model_path
 from model.transformer import Transformer
-from model.translator import resolve_model_path
 
 
 @pytest.mark.parametrize("name", ["en-zh", "zh-en"])

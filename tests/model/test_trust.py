@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from model import DecodingOptions, InvalidInputError, Translator
+from model import DecodingOptions, InvalidInputError, ReverseReading, Translator
 from model.training.flag_cases import KEEP_PRECISION, constructed_cases, measure
 from model.training.trust_data import labelled_sources, translate_and_label
 from model.trust import (
@@ -233,7 +233,7 @@ def test_the_shipped_score_means_what_it_says_on_sentences_the_fit_never_saw(nam
 
 
 def en_zh_dir():
-    from model.translator import resolve_model_path
+    from model.loading import resolve_model_path
 
     return resolve_model_path("en-zh")
 
@@ -257,3 +257,41 @@ def test_each_flag_kind_earns_its_place_on_constructed_faults(name, en_zh, zh_en
             continue
         assert found["precision"] >= KEEP_PRECISION, (kind, found)
         assert found["recall"] > 0, (kind, found)
+
+
+def test_agreement_and_full_trust_force_the_reverse_model_once_and_answer_as_each_alone(en_zh, zh_en):
+    """With a shared ReverseReading, the agreement and trust "full" of the same translations force each pair
+    through the reverse model once (its encoder runs half as often), and give what each gives alone."""
+    texts = ["The cat sat on the mat.", "Where is the station?", "I would like a cup of tea, please.", ""]
+    options = DecodingOptions(beam_size=4, n_best=2)
+    encodes = []
+    encode = zh_en.exact_model.encode
+
+    def counted(*args, **kwargs):
+        encodes.append(args[0].size(0))
+        return encode(*args, **kwargs)
+
+    zh_en.exact_model.encode = counted
+    try:
+        alone = en_zh.with_agreements(en_zh.translate(texts, options), zh_en)
+        en_zh.assess(alone, "full", zh_en, options)
+        apart = list(encodes)
+        encodes.clear()
+        reading = ReverseReading(zh_en)
+        shared = en_zh.with_agreements(en_zh.translate(texts, options), zh_en, reading)
+        en_zh.assess(shared, "full", zh_en, options, reading)
+    finally:
+        del zh_en.exact_model.encode
+    hypotheses = [h for t in shared if t.target_ids for h in (t, *t.alternatives)]
+    pairs = {(tuple(h.source_ids), h.text) for h in hypotheses}
+    assert reading.forced == len(pairs) and sum(encodes) == len(pairs) and sum(apart) == 2 * len(pairs)
+    for one, other in zip(alone, shared, strict=True):
+        for a, b in zip((one, *one.alternatives), (other, *other.alternatives), strict=True):
+            assert (a.alignment, a.word_alignment, a.alignment_method) == (b.alignment, b.word_alignment,
+                                                                        b.alignment_method)
+            assert (a.trust is None) == (b.trust is None)
+            if a.trust is not None:
+                assert a.trust.mode == b.trust.mode == "full" and a.trust.flags == b.trust.flags
+                assert a.trust.score == pytest.approx(b.trust.score, abs=1e-6)
+                for name, value in a.trust.signals.items():
+                    assert b.trust.signals[name] == pytest.approx(value, abs=1e-6), name

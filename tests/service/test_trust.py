@@ -136,3 +136,33 @@ def test_the_compatibility_routes_answer_as_before_and_give_scores_on_request(se
     assert len(deepl.headers["x-trust-score"].split(",")) == 2
     refused = httpx.post(f"{service_url}/translate", json=body, headers={"X-Trust": "maybe"}, timeout=60)
     assert refused.status_code == 400 and "X-Trust" in refused.json()["error"]
+
+
+def test_agreement_and_full_trust_together_force_each_hypothesis_through_the_reverse_model_once(service_url):
+    def forced() -> dict[str, float]:
+        text = httpx.get(f"{service_url}/metrics", timeout=30).text
+        counts = {"agreement": 0.0, "trust": 0.0}
+        for line in text.splitlines():
+            if line.startswith("translation_forced_decodes_total{") and 'model="en-zh"' in line:
+                for kind in counts:
+                    if f'kind="{kind}"' in line:
+                        counts[kind] += float(line.rsplit(" ", 1)[1])
+        return counts
+
+    texts = ["The river froze early this winter.", "Nobody answered the second letter."]
+    body = {**EN_ZH, "texts": texts, "split_sentences": False, "trust": "full", "alignment_method": "agreement"}
+    before = forced()
+    response = translate(service_url, body)
+    assert response.status_code == 200, response.text
+    translations = response.json()["translations"]
+    assert all(t["alignment_method"] == "agreement" and t["trust"]["mode"] == "full" for t in translations)
+    after = forced()
+    distinct = len({(text, t["text"]) for text, t in zip(texts, translations, strict=True)})
+    assert after["agreement"] - before["agreement"] == distinct
+    assert after["trust"] - before["trust"] == 0  # trust read what the agreement forced
+
+    alone = translate(service_url, {**body, "alignment_method": "head"})
+    assert alone.status_code == 200, alone.text
+    assert forced()["trust"] - after["trust"] == distinct  # without agreement, trust forces them itself
+    for together, single in zip(translations, alone.json()["translations"], strict=True):
+        assert together["trust"]["score"] == pytest.approx(single["trust"]["score"], abs=1e-6)

@@ -1,0 +1,78 @@
+"""A translator's texts through its decode loop (model.decoding.scheduler.DecodeLoop, in a thread of its own): one
+Future of a Translation per text, tokens streamed as they settle, a step's finished texts built together.
+Translator.start_loop, submit, cancel and decoder_rows delegate here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy
+from model.options import DecodingOptions
+from model.translation import StreamedToken, Translation, blank_translation
+
+if TYPE_CHECKING:
+    from model.translator import Translator
+
+
+class TextLoop:
+    """One translator's decode loop and what feeds it."""
+
+    def __init__(
+        self,
+        translator: Translator,
+        policy: Policy,
+        max_rows: int,
+        max_texts: int | None,
+        gather_s: float,
+        max_waiting: int,
+        on_joined: Callable[[Batch, list[float]], None] | None,
+        on_done: Callable[[Batch], None] | None,
+    ) -> None:
+        self.translator = translator
+        self.loop = DecodeLoop(
+            translator.model,
+            max_rows=max_rows,
+            max_waiting=max_waiting,
+            alignment_head=translator.alignment_head,
+            step=translator.step,
+            policy=policy,
+            max_texts=max_texts,
+            gather_s=gather_s,
+            finish=self._finished,
+            on_joined=on_joined,
+            on_done=on_done,
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.loop.scheduler.rows
+
+    def submit(
+        self,
+        text: str,
+        options: DecodingOptions,
+        return_attention: bool,
+        on_token: Callable[[StreamedToken], None] | None,
+        source_ids: list[int] | None,
+    ) -> Future:
+        """Translator.submit."""
+        if source_ids is None:
+            (source_ids,) = self.translator.encode_source([text])
+        if not text.strip():
+            result: Future = Future()
+            result.set_result(blank_translation())
+            return result
+        streamed = self.translator._builder.streamed(on_token) if on_token is not None else None
+        return self.loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True)
+
+    def cancel(self, future: Future) -> None:
+        self.loop.cancel(future)
+
+    def _finished(self, requests: list[DecodeRequest]) -> list[Translation]:
+        """The loop's `finish`: the Translations of the requests one step finished, built together."""
+        return self.translator._builder.translations(
+            [r.source_ids for r in requests], [r.hypotheses for r in requests], [r.return_attention for r in requests]
+        )
