@@ -74,10 +74,12 @@ OURS = {
     "int8": {"dtype": "int8"},
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
-    "calls4": {"coalesce_max_calls": 4},  # a call queued behind the one decoding on each of the two replicas
+    "calls2": {"coalesce_max_calls": 2},  # per ingress replica: four calls out per model from the two
+    "calls4": {"coalesce_max_calls": 4},
     "calls3": {"coalesce_max_calls": 3},
     "nowait": {"batch_wait_timeout_s": 0},  # a static batch joins without waiting for company
     "ongoing64": {"translator_max_ongoing_requests": 64},  # the translators' max_ongoing_requests before 2026-12-05
+    "ingress1": {"ingress_replicas": 1, "coalesce_max_calls": 2},  # one Ingress replica keeping 2 calls out per model
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 
@@ -95,6 +97,10 @@ def ours_config(name: str, port: int) -> dict:
         if key == "dtype":  # per model
             for spec in application["args"]["models"]:
                 spec["dtype"] = value
+        elif key == "ingress_replicas":
+            for deployment in application["deployments"]:
+                if deployment["name"] == "Ingress":
+                    deployment["num_replicas"] = value
         elif key == "translator_max_ongoing_requests":  # a deployment option of every translator
             for deployment in application["deployments"]:
                 if deployment["name"].startswith("translator-"):

@@ -48,6 +48,8 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)  # of 200 answers
     texts: int = 0  # texts translated in 200 answers
     target_tokens: int = 0
+    # every request: (sent, done) as time.perf_counter() readings, and its outcome (the status, or exception_kind)
+    timeline: list[tuple[float, float, str]] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -117,7 +119,9 @@ async def run_load(
                 response = await client.post(url, json=body_for(index))
             except httpx.HTTPError as error:
                 result.exceptions[exception_kind(error)] += 1
+                result.timeline.append((sent, time.perf_counter(), exception_kind(error)))
                 continue
+            result.timeline.append((sent, time.perf_counter(), str(response.status_code)))
             result.statuses[response.status_code] += 1
             try:
                 payload = response.json()

@@ -100,7 +100,9 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     )
     guarded_translator = _deployment(template, "translator-en-zh")
     guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
-    guarded["deployments"] = [_deployment(template, "Ingress"), guarded_translator]
+    guarded_ingress = _deployment(template, "Ingress")
+    guarded_ingress.update(num_replicas=1)  # one replica: its in-flight limit of 1 is the application's
+    guarded["deployments"] = [guarded_ingress, guarded_translator]
     config["applications"] = [main, guarded]
     return config
 

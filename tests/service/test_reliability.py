@@ -243,3 +243,40 @@ def test_a_beam_stream_whose_replica_is_killed_ends_with_its_result_or_an_error_
             break
     assert retries >= 1 or any(outcome[-1] == "error" for outcome in collapsed), "the kill met no stream"
     serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
+
+
+def test_losing_one_of_two_ingress_replicas_under_load_loses_only_its_in_flight_requests_and_traffic_goes_on(
+    service_url, client
+):
+    # deploy/serve.yaml runs two Ingress replicas behind Serve's HAProxy, as this instance does: when one dies,
+    # what it held in flight is all that may go unanswered; requests sent after the kill are answered by the
+    # other one at once (with one replica they wait for its replacement: bench/ingress_loss.py), and the
+    # replacement comes up
+    port = urlsplit(service_url).port
+    victim, _survivor = serving_replicas(client, port, "Ingress")
+    body_for = translate_bodies(ENGLISH, 1, beam_size=1, max_length=16)
+    concurrency, outcome = 8, {}
+    load = threading.Thread(
+        target=lambda: outcome.update(
+            result=asyncio.run(
+                run_load(f"{service_url}/v1/translate", body_for, 10**6, concurrency, timeout_s=45, deadline_s=8)
+            )
+        )
+    )
+    load.start()
+    time.sleep(2.5)
+    killed_at = time.perf_counter()
+    os.kill(victim, signal.SIGKILL)
+    load.join(timeout=120)
+    assert not load.is_alive(), "requests hung after an ingress replica died"
+    timeline = outcome["result"].timeline
+    unclean = [(sent - killed_at, kind) for sent, _, kind in timeline if kind not in ("200", "503", "504")]
+    assert all(sent < 0 for sent, _ in unclean), unclean  # nothing sent after the kill went unanswered
+    assert len(unclean) <= concurrency, unclean  # at most what was in flight
+    answered = sorted(done for _, done, kind in timeline if kind == "200" and done > killed_at)
+    sent_after = sum(sent > killed_at and kind == "200" for sent, _, kind in timeline)
+    assert sent_after >= 20, f"traffic stopped after the kill: {sent_after} requests sent after it answered"
+    marks = [killed_at, *answered]
+    assert max(b - a for a, b in zip(marks, marks[1:], strict=False)) < 1.0, "traffic waited after the kill"
+    replacement = serving_replicas(client, port, "Ingress")
+    assert victim not in replacement
