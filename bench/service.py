@@ -85,6 +85,7 @@ def engine_reference(
     return {
         "name": name,
         "batch_size": batch_size,
+        "dtype": dtype or "float32",
         "threads": threads,
         "wall_s": round(wall, 3),
         "texts": texts,
@@ -297,6 +298,12 @@ def model_path(config: dict, model_id: str = "en-zh") -> str:
     return os.path.expanduser(os.path.expandvars(spec["path"]))
 
 
+def model_dtype(config: dict, model_id: str = "en-zh") -> str:
+    """The precision the service decodes `model_id` in (its entry's dtype; auto: int8 on a CPU)."""
+    spec = next(m for m in config["applications"][0]["args"]["models"] if m["id"] == model_id)
+    return spec.get("dtype", "auto")
+
+
 @dataclass
 class Plan:
     requests: int
@@ -333,7 +340,14 @@ def run_benchmark(
         for batch_size in (1, args.texts_per_request):
             budget = plan.engine_budget_s
             engines[batch_size] = engine_reference(
-                model_path(config), sentences, batch_size, args.beam_size, threads, budget, f"engine B={batch_size}"
+                model_path(config),
+                sentences,
+                batch_size,
+                args.beam_size,
+                threads,
+                budget,
+                f"engine B={batch_size}",
+                dtype=model_dtype(config),  # the precision the service decodes in
             )
             rows.append(engines[batch_size])
             logger.info("%s", engines[batch_size])
