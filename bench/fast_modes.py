@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import time
@@ -18,6 +19,7 @@ import torch
 from bench import machine, write_report
 from bench.engine import convert_ctranslate2
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
+from model.cpu_isa import ISA_ENV
 from model.loading import resolve_model_path
 from model.runtime import EagerStep
 from model.translator import Translator
@@ -196,7 +198,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache", default="/tmp/bench-fast-modes", help="CTranslate2 conversions are kept here")
     parser.add_argument("--output", help="JSON path (default bench/results/fast-modes-cpu.json)")
+    parser.add_argument(
+        "--cpu-isa",
+        choices=["avx2", "avx512"],
+        help="run both engines at this instruction set: TRANSLATE_CPU_ISA for ours (model/cpu_isa.py), "
+        "CT2_FORCE_CPU_ISA for CTranslate2 (the process starts again with them set, before any library reads them)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_isa and os.environ.get(ISA_ENV) != args.cpu_isa:
+        os.environ.update({ISA_ENV: args.cpu_isa, "CT2_FORCE_CPU_ISA": args.cpu_isa.upper()})
+        again = argv if argv is not None else sys.argv[1:]
+        os.execv(sys.executable, [sys.executable, "-m", "bench.fast_modes", *again])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
     cache = Path(args.cache)
@@ -205,7 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = dev_rows(args.dev)
     report = {
         "command": " ".join(["python -m bench.fast_modes", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine(cpu_capability=torch.backends.cpu.get_cpu_capability()),
+        "machine": machine(
+            cpu_capability=torch.backends.cpu.get_cpu_capability(),
+            cpu_isa_forced=os.environ.get(ISA_ENV),
+            ct2_force_cpu_isa=os.environ.get("CT2_FORCE_CPU_ISA"),
+        ),
         "versions": {"torch": torch.__version__},
         "beam_size": args.beam_size, "threads": args.threads, "speed_texts": args.speed_texts,
         "rounds": args.rounds, "fidelity_sentences": min(args.limit, len(rows)), "models": {},
@@ -236,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
                 args.beam_size,
             )
         report["models"][name] = {"speed": speed, "ratios": speed_ratios(speed), "fidelity": fidelity}
-    print(f"CPU: {report['machine']['cpu']}, {args.threads} thread(s)")
+    forced = f", forced to {args.cpu_isa} (ours and CTranslate2)" if args.cpu_isa else ""
+    print(f"CPU: {report['machine']['cpu']}, {args.threads} thread(s){forced}")
     print_tables(report)
     write_report(report, args.output, "fast-modes-cpu.json")
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from model.cpu_isa import limit_libraries
+
+limit_libraries()  # TRANSLATE_CPU_ISA's limits for ATen, oneDNN and MKL, which read them at their first use
+
 # public name → (module, name in that module)
 _PUBLIC = {
     "ModelConfig": ("model.config", "ModelConfig"),

@@ -422,6 +422,11 @@ class RuntimeInfo(BaseModel):
         "(linear, transposed, onednn, int8), measured fastest here when the model loaded."
     )
     choice_ms: float = Field(description="Milliseconds the kernel measurement took at load.")
+    cpu_isa: str = Field(
+        "",
+        description="The instruction set the step runs at: avx512, avx2 or x86-64 (compiled; TRANSLATE_CPU_ISA may "
+        "lower it below the CPU's), else ATen's CPU capability.",
+    )
 
 
 class ModelInfo(BaseModel):

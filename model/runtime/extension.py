@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 
+from model import cpu_isa
+
 logger = logging.getLogger("model.runtime")
 
 BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "bindings.cpp"  # the one translation unit: it includes every header of csrc/
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
-# levels in one build and the loader picks this CPU's (target_clones in csrc/common.h), so no -march flag
+# levels in one build and each call goes to this CPU's copy, or TRANSLATE_CPU_ISA's (csrc/common.h), so no -march
 CFLAGS = ["-O2", "-fopenmp-simd"]
 KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/common.h's Kernel
 QUANTIZED = ("int8", "vnni")  # fbgemm's dynamic int8 linear; the runtime's own AVX-512 VNNI tiles
@@ -61,8 +63,8 @@ def build_directory() -> Path:
 
 
 def source_files() -> list[Path]:
-    """Every source of the compiled step: bindings.cpp and the headers under csrc/."""
-    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".cpp", ".h"))
+    """Every source of the compiled step: bindings.cpp and the headers (and .inc parts) under csrc/."""
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".cpp", ".h", ".inc"))
 
 
 def source_digest() -> str:
@@ -122,6 +124,11 @@ def compiled_extension():
             "decoding runtime: the compiled step could not be built, decoding eagerly (%s)", _extension_error
         )
         return None
+    requested = cpu_isa.requested()
+    level = module.set_cpu_isa(cpu_isa.LEVELS[requested])
+    if requested != "auto":
+        logger.info("decoding runtime: %s=%s: the compiled step runs at %s", cpu_isa.ISA_ENV, requested,
+                    cpu_isa.NAMES[level])
     _extension = module
     logger.info("decoding runtime: compiled step ready in %.1f s", time.perf_counter() - started)
     return _extension

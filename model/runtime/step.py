@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from model import weight_spec
+from model import cpu_isa, weight_spec
 from model.runtime import eager, graphs
 from model.runtime.extension import ACTIVATIONS, KERNELS, compiled_extension, cpu_model, failure
 from model.runtime.quantize import quantize_per_channel
@@ -40,11 +40,14 @@ class RuntimeInfo:
     threads: int = field(default_factory=torch.get_num_threads)
     kernels: dict[str, str] = field(default_factory=dict)  # matmul -> "small/large" kernel chosen
     choice_ms: float = 0.0
+    # the instruction set the step runs at (model/cpu_isa.py): the compiled loops' level, or ATen's capability
+    cpu_isa: str = field(default_factory=lambda: torch.backends.cpu.get_cpu_capability().lower())
 
     def as_dict(self) -> dict:
         return {
             "runtime": self.runtime, "precision": self.precision, "reason": self.reason, "cpu": self.cpu,
             "threads": self.threads, "kernels": dict(self.kernels), "choice_ms": round(self.choice_ms, 1),
+            "cpu_isa": self.cpu_isa,
         }
 
 
@@ -203,7 +206,7 @@ class CompiledStep:
             reduce, RESCORED_CANDIDATES,
         )
         self.names.append("output")
-        self.info = RuntimeInfo("compiled", precision, "")
+        self.info = RuntimeInfo("compiled", precision, "", cpu_isa=cpu_isa.NAMES[extension.cpu_isa()])
         if choose:
             self.choose(precision)
         else:

@@ -246,6 +246,9 @@ def test_a_translator_decodes_with_the_compiled_step_by_default(extension):
     assert isinstance(translator.step, CompiledStep)
     info = translator.runtime_info
     assert info["runtime"] == "compiled" and info["precision"] == "float32" and info["threads"] >= 1
+    # the level the loops run at is this CPU's, as ATen detects it on its own
+    aten = torch.backends.cpu.get_cpu_capability()
+    assert info["cpu_isa"] == {"AVX512": "avx512", "AVX2": "avx2"}.get(aten, "x86-64")
     tokenizer = MarianTokenizer.from_directory(directory)
     reference = Translator(translator.model, tokenizer, step=EagerStep(translator.model))
     texts = ["I will call you later.", "They work together.", "Where is the station?"]
@@ -281,3 +284,48 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
     assert lines["IDS"] == lines["REFERENCE"]
     warnings = [line for line in result.stderr.splitlines() if "decoding runtime" in line]
     assert len(warnings) == 1 and "decoding eagerly" in warnings[0]
+
+
+@pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"), reason="needs an AVX2 CPU")
+def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_reference():
+    """TRANSLATE_CPU_ISA=avx2 (model/cpu_isa.py): the runtime's loops, ATen and oneDNN at AVX2, no VNNI tiles, and
+    every fp32 kernel decoding as the lecture model does (the reference's own step, in the same process)."""
+    script = (
+        "import random, torch\n"
+        "from model.decoding.search import beam_search\n"
+        "from model.runtime import CompiledStep, compiled_extension\n"
+        "from tests.model.test_runtime import OPTIONS, SHAPES, assert_decodes_as_the_reference, random_model, "
+        "random_sources\n"
+        "ext = compiled_extension()\n"
+        "print('ISA', ext.cpu_isa(), torch.backends.cpu.get_cpu_capability())\n"
+        "for shape in SHAPES:\n"
+        "    model = random_model(shape); sources = random_sources(random.Random(1), model, 5)\n"
+        "    for kernel in ('linear', 'transposed', 'onednn'):\n"
+        "        step = CompiledStep(model, ext, 'float32', choose=False); step.force(kernel)\n"
+        "        for options in OPTIONS:\n"
+        "            assert_decodes_as_the_reference(model, step, sources, options, (shape, kernel), "
+        "return_attention=True)\n"
+        "int8 = CompiledStep(random_model('gelu-wide'), ext, 'int8')\n"
+        "print('INFO', int8.info.cpu_isa, sorted(set(int8.info.kernels.values())))\n"
+    )
+    env = {**os.environ, "TRANSLATE_CPU_ISA": "avx2", "ONEDNN_VERBOSE": "1"}
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", RUNTIME_ENV):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("ISA", "INFO"))]
+    assert lines[0] == "ISA 2 AVX2", lines
+    assert lines[1].startswith("INFO avx2 ") and "vnni" not in lines[1], lines
+    assert "isa:Intel AVX2" in result.stdout.replace("onednn_verbose,v1,info,cpu,", "")  # oneDNN's own report
+
+
+def test_an_unknown_cpu_isa_is_refused_by_name():
+    env = {**os.environ, "TRANSLATE_CPU_ISA": "sse9"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import model"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and "TRANSLATE_CPU_ISA='sse9': expected one of auto, avx512, avx2, x86-64" in (
+        result.stderr
+    )

@@ -48,6 +48,7 @@ def test_models_describes_each_model(client):
     assert models["en-zh"]["alignment_source"] == "declared"
     assert (models["zh-en"]["alignment_layer"], models["zh-en"]["alignment_head"]) == (0, None)
     assert models["zh-en"]["alignment_source"] == "fallback"
+    assert models["en-zh"]["runtime"]["cpu_isa"] in {"avx512", "avx2", "x86-64"}  # the level the step runs at
 
 
 def test_translate_returns_tokens_scores_alignment_and_an_explanation_id(client):

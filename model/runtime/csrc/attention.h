@@ -15,106 +15,14 @@ namespace {
 // int8 decode with the chains).
 constexpr int64_t kKeys = 8;
 
-CPU_CLONES NO_SLP void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
-                           const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale,
-                           float* w, float* out, bool lanes) {
-  float top = -std::numeric_limits<float>::infinity();
-  int64_t first_chained = 0;
-  if (lanes) {
-    int64_t j = 0;
-    for (; j + 4 <= length; j += 4) {
-      const float *k0 = k + j * k_pos, *k1 = k0 + k_pos, *k2 = k1 + k_pos, *k3 = k2 + k_pos;
-      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (int64_t c = 0; c < d_k; ++c) {
-        s0 += query[c] * k0[c];
-        s1 += query[c] * k1[c];
-        s2 += query[c] * k2[c];
-        s3 += query[c] * k3[c];
-      }
-      w[j] = s0;
-      w[j + 1] = s1;
-      w[j + 2] = s2;
-      w[j + 3] = s3;
-    }
-    for (; j < length; ++j) {
-      const float* key = k + j * k_pos;
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < d_k; ++c) sum += query[c] * key[c];
-      w[j] = sum;
-    }
-    first_chained = length;
-  }
-  for (int64_t j0 = first_chained; j0 < length; j0 += kKeys) {
-    // kKeys keys' chains in flight, each in index order; a last block of fewer keys repeats its last key
-    const int64_t n = length - j0 < kKeys ? length - j0 : kKeys;
-    const float* key[kKeys];
-    for (int64_t l = 0; l < kKeys; ++l) key[l] = k + (j0 + (l < n ? l : n - 1)) * k_pos;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
-    for (int64_t c = 0; c < d_k; ++c) {
-      const float q = query[c];
-      s0 += q * key[0][c];
-      s1 += q * key[1][c];
-      s2 += q * key[2][c];
-      s3 += q * key[3][c];
-      s4 += q * key[4][c];
-      s5 += q * key[5][c];
-      s6 += q * key[6][c];
-      s7 += q * key[7][c];
-    }
-    const float sums[kKeys] = {s0, s1, s2, s3, s4, s5, s6, s7};
-    for (int64_t l = 0; l < n; ++l) w[j0 + l] = sums[l];
-  }
-  for (int64_t j = 0; j < length; ++j) {
-    float dot = w[j] * scale;
-    if (mask) dot += mask[j * m_pos];
-    w[j] = dot;
-    top = dot > top ? dot : top;
-  }
-  float total = 0.0f;
-  for (int64_t j = 0; j < length; ++j) {
-    w[j] = std::exp(w[j] - top);
-    total += w[j];
-  }
-  const float inverse = 1.0f / total;
-  for (int64_t j = 0; j < length; ++j) w[j] *= inverse;
-  int64_t c0 = 0;
-  for (; c0 + 64 <= d_k; c0 += 64) {  // four vectors' chains in flight
-    float s0[16] = {}, s1[16] = {}, s2[16] = {}, s3[16] = {};
-    for (int64_t j = 0; j < length; ++j) {
-      const float weight = w[j];
-      const float* value = v + j * v_pos + c0;
-#pragma omp simd
-      for (int64_t l = 0; l < 16; ++l) {
-        s0[l] += weight * value[l];
-        s1[l] += weight * value[16 + l];
-        s2[l] += weight * value[32 + l];
-        s3[l] += weight * value[48 + l];
-      }
-    }
-    for (int64_t l = 0; l < 16; ++l) {
-      out[c0 + l] = s0[l];
-      out[c0 + 16 + l] = s1[l];
-      out[c0 + 32 + l] = s2[l];
-      out[c0 + 48 + l] = s3[l];
-    }
-  }
-  for (; c0 + 16 <= d_k; c0 += 16) {
-    float sums[16] = {};
-    for (int64_t j = 0; j < length; ++j) {
-      const float weight = w[j];
-      const float* value = v + j * v_pos + c0;
-#pragma omp simd
-      for (int64_t l = 0; l < 16; ++l) sums[l] += weight * value[l];
-    }
-    for (int64_t l = 0; l < 16; ++l) out[c0 + l] = sums[l];
-  }
-  for (int64_t c = c0; c < d_k; ++c) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < length; ++j) sum += w[j] * v[j * v_pos + c];
-    out[c] = sum;
-  }
+#define ISA_VARIANTS_OF "attend_one.inc"
+#include "kernels/isa_variants.h"
+#undef ISA_VARIANTS_OF
+
+inline void attend_one(const float* query, const float* k, int64_t k_pos, const float* v, int64_t v_pos,
+                       const float* mask, int64_t m_pos, int64_t length, int64_t d_k, float scale, float* w,
+                       float* out, bool lanes) {
+  CPU_ISA_DISPATCH(attend_one)(query, k, k_pos, v, v_pos, mask, m_pos, length, d_k, scale, w, out, lanes);
 }
 
 // softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two

@@ -1,15 +1,30 @@
 // The runtime's Python bindings and the one translation unit the build compiles: every part is a header
 // (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; model.h: the weights and
 // the kernel choice; runtime.h: the layers' arithmetic; decoding.h: the search),
-// included once here, so that the CPU-level clones and the anonymous namespace stay one unit.
+// included once here, so that the per-CPU-level copies of the loops and the anonymous namespace stay one unit.
 // The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
 // best candidates, for one new position per row, in one call from Python, and the decode loop (decoding.h) in
 // which requests join and leave between steps. The
 // arithmetic is model/runtime/eager.py's layer_step (the reference it is tested against), on ATen ops, so it runs
 // on any device ATen does; only the int8 kernels are CPU-only.
 
+#ifdef USE_FBGEMM
+#include <fbgemm/Utils.h>
+#endif
 #include "decoding.h"
 
+
+// TRANSLATE_CPU_ISA (model/cpu_isa.py): the runtime's loops and VNNI tiles limited to `level` (common.h), and
+// fbgemm's int8 kernels with them where the level is below this CPU's (before fbgemm's first use, at load).
+int limit_cpu_isa(int64_t level) {
+  const int now = set_cpu_isa(level);
+#ifdef USE_FBGEMM
+  if (now < detected_cpu_isa()) {
+    fbgemm::fbgemmForceIsa(now >= kIsaAvx2 ? fbgemm::inst_set_t::avx2 : fbgemm::inst_set_t::anyarch);
+  }
+#endif
+  return now;
+}
 
 // Prepack an int8 per-channel quantized weight (a quantized tensor made in Python) for fbgemm's dynamic linear.
 Packed prepack(const Tensor& quantized) {
@@ -58,6 +73,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("per_row"), pybind11::arg("reduce_range"), pybind11::arg("activation") = -1,
         pybind11::arg("vnni") = false);
   m.def("has_vnni", &cpu_has_vnni);
+  m.def("set_cpu_isa", &limit_cpu_isa, pybind11::arg("level"));
+  m.def("cpu_isa", &cpu_isa);
   pybind11::class_<Runtime>(m, "Runtime")
       .def(pybind11::init<Tensor, Tensor, double, int64_t, int64_t, double>())
       .def("add_layer", &Runtime::add_layer)

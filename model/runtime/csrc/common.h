@@ -45,15 +45,40 @@ enum Capture : int64_t { kCaptureNothing = 0, kCaptureEveryHead = 1, kCaptureOne
 bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat; }
 
 
-// The loops below are compiled three times, for AVX-512 (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64,
-// and the loader picks the one this CPU runs (GCC's target_clones): one build serves every machine it lands on.
-// (Helpers are written out inside them: GCC does not inline another function into a target clone.) Their
-// sums are `omp simd` reductions (built with -fopenmp-simd: vector lanes, no threads), so they may add in
-// another order than a scalar loop: float32 rounding, as the matmul kernels already differ between CPUs.
+// The small loops (kernels/cpu_loops.inc, kernels/attend_one.inc) are compiled three times, for AVX-512
+// (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64, each copy in its own namespace under `#pragma GCC
+// target`, and every call goes to the copy of `cpu_isa()`: this CPU's level, or a lower one asked for at load
+// (TRANSLATE_CPU_ISA, model/runtime/extension.py), so that one build serves every machine it lands on and the
+// AVX2 path can be measured on an AVX-512 CPU. Their sums are `omp simd` reductions (built with -fopenmp-simd:
+// vector lanes, no threads), so they may add in another order than a scalar loop: float32 rounding, as the
+// matmul kernels already differ between CPUs.
+enum CpuIsa : int { kIsaBase = 1, kIsaAvx2 = 2, kIsaAvx512 = 3 };
+
+int detected_cpu_isa() {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return kIsaAvx512;
+  if (__builtin_cpu_supports("x86-64-v3")) return kIsaAvx2;
+#endif
+  return kIsaBase;
+}
+
+int g_cpu_isa = detected_cpu_isa();  // lowered by set_cpu_isa, never raised above what the CPU has
+
+inline int cpu_isa() { return g_cpu_isa; }
+
+// Limit the loops (and, through cpu_isa(), the VNNI tiles) to `level` or what the CPU has, whichever is lower;
+// the level now in force.
+int set_cpu_isa(int64_t level) {
+  g_cpu_isa = std::max<int>(kIsaBase, std::min<int>(detected_cpu_isa(), static_cast<int>(level)));
+  return g_cpu_isa;
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define CPU_ISA_DISPATCH(name) \
+  (cpu_isa() >= kIsaAvx512 ? isa_v4::name : cpu_isa() == kIsaAvx2 ? isa_v3::name : isa_v1::name)
 #else
-#define CPU_CLONES
+#define CPU_ISA_DISPATCH(name) isa_v1::name
 #endif
 // Independent scalar chains left as scalars: GCC's straight-line vectorizer packs them into one vector filled lane
 // by lane from strided loads, which costs more than the chains side by side.

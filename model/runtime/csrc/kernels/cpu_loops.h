@@ -5,65 +5,6 @@
 
 namespace {
 
-// ---- fp32 CPU loops for the small operations of a step ------------------------------------------------------
-// At a few rows per step each of these is a few thousand multiply-adds, where an ATen call's dispatch and
-// allocation would cost more than the arithmetic; elsewhere (another device or dtype) the ATen ops below run.
-CPU_CLONES void divide_rows_loop(const float* in, float* out, float* scales, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = in + r * cols;
-    float top = 0.0f;
-#pragma omp simd reduction(max : top)
-    for (int64_t c = 0; c < cols; ++c) top = top > std::fabs(row[c]) ? top : std::fabs(row[c]);
-    top = std::max(top, std::numeric_limits<float>::min());
-    scales[r] = top;
-    float* target = out + r * cols;
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) target[c] = row[c] / top;
-  }
-}
-
-void divide_rows(const Tensor& x, Tensor& y, Tensor& scale) {
-  divide_rows_loop(x.data_ptr<float>(), y.data_ptr<float>(), scale.data_ptr<float>(), x.size(0), x.size(1));
-}
-
-// y = y * scale[row] (+ bias): the per-row scale put back after the int8 matmul.
-CPU_CLONES void scale_rows_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = out + r * cols;
-    const float s = scales[r];
-    if (b) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) row[c] = b[c] + row[c] * s;
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) row[c] *= s;
-    }
-  }
-}
-
-void scale_rows(Tensor& y, const Tensor& scale, const Tensor& bias) {
-  scale_rows_loop(y.data_ptr<float>(), scale.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
-                  y.size(0), y.size(1));
-}
-
-// Σ a[i]·b[i] in vector lanes.
-CPU_CLONES float dot_loop(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-
-Tensor activate(const Tensor& x, int64_t activation) {
-  switch (activation) {
-    case kRelu: return at::relu(x);
-    case kGelu: return at::gelu(x);
-    case kGeluTanh: return at::gelu(x, "tanh");
-  }
-  return at::silu(x);
-}
-
 // out = e^y for y in [-87, 88], Cephes' expf in vector lanes: 2^n e^r with n = round(y / ln 2) (the 1.5·2^23
 // rounding trick), |r| ≤ ln 2 / 2 and e^r a degree-7 polynomial, within 2 ulp. A macro: GCC does not inline a
 // function into a target clone, and a call in an `omp simd` loop would keep it scalar. Its constants are shared
@@ -85,50 +26,64 @@ constexpr float kExp[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
     (out) = p_ * __builtin_bit_cast(float, (static_cast<int32_t>(k_) + 127) << 23);       \
   } while (0)
 
+#define ISA_VARIANTS_OF "cpu_loops.inc"
+#include "isa_variants.h"
+#undef ISA_VARIANTS_OF
+
+// ---- fp32 CPU loops for the small operations of a step ------------------------------------------------------
+// At a few rows per step each of these is a few thousand multiply-adds, where an ATen call's dispatch and
+// allocation would cost more than the arithmetic; elsewhere (another device or dtype) the ATen ops below run.
+inline void divide_rows_loop(const float* in, float* out, float* scales, int64_t rows, int64_t cols) {
+  CPU_ISA_DISPATCH(divide_rows_loop)(in, out, scales, rows, cols);
+}
+
+void divide_rows(const Tensor& x, Tensor& y, Tensor& scale) {
+  divide_rows_loop(x.data_ptr<float>(), y.data_ptr<float>(), scale.data_ptr<float>(), x.size(0), x.size(1));
+}
+
+// y = y * scale[row] (+ bias): the per-row scale put back after the int8 matmul.
+inline void scale_rows_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
+  CPU_ISA_DISPATCH(scale_rows_loop)(out, scales, b, rows, cols);
+}
+
+void scale_rows(Tensor& y, const Tensor& scale, const Tensor& bias) {
+  scale_rows_loop(y.data_ptr<float>(), scale.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                  y.size(0), y.size(1));
+}
+
+// Σ a[i]·b[i] in vector lanes.
+inline float dot_loop(const float* a, const float* b, int64_t n) {
+  return CPU_ISA_DISPATCH(dot_loop)(a, b, n);
+}
+
+
+Tensor activate(const Tensor& x, int64_t activation) {
+  switch (activation) {
+    case kRelu: return at::relu(x);
+    case kGelu: return at::gelu(x);
+    case kGeluTanh: return at::gelu(x, "tanh");
+  }
+  return at::silu(x);
+}
+
+
 // y = silu(b + y · scale[row]): the int8 matmul's per-row scale, the bias and SiLU (x / (1 + e^-x)) in one pass
 // over its output instead of three; e^-x by EXP_IN_LANES, its argument held to [-87, 88] where float's exponent
 // ends. The int8 mode only (the fp32 kernels keep at::silu, exact).
-CPU_CLONES void scale_rows_silu_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = out + r * cols;
-    const float s = scales[r];
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) {
-      const float x = b[c] + row[c] * s;
-      float y = -x;
-      y = y < -87.0f ? -87.0f : (y > 88.0f ? 88.0f : y);
-      float e;
-      EXP_IN_LANES(y, e);
-      row[c] = x / (1.0f + e);
-    }
-  }
+inline void scale_rows_silu_loop(float* out, const float* scales, const float* b, int64_t rows, int64_t cols) {
+  CPU_ISA_DISPATCH(scale_rows_silu_loop)(out, scales, b, rows, cols);
 }
 
 
 // Σ e^(x[i] - shift) over a row whose largest value is `shift`: a log-softmax's denominator, in one read (e^y by
 // EXP_IN_LANES; below e^-87, 1.6e-38, it counts as that, which a sum with e^0 in it cannot see).
-CPU_CLONES float sum_exp_loop(const float* x, int64_t n, float shift) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    float y = x[i] - shift;
-    y = y < -87.0f ? -87.0f : y;
-    float e;
-    EXP_IN_LANES(y, e);
-    sum += e;
-  }
-  return sum;
+inline float sum_exp_loop(const float* x, int64_t n, float shift) {
+  return CPU_ISA_DISPATCH(sum_exp_loop)(x, n, shift);
 }
 
 // Each block's largest value: maxes[b] = max(x[b·block … b·block + block - 1]), the last block possibly shorter.
-CPU_CLONES void block_max_loop(const float* x, int64_t n, int64_t block, float* maxes) {
-  for (int64_t start = 0, b = 0; start < n; start += block, ++b) {
-    const int64_t end = n < start + block ? n : start + block;
-    float top = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : top)
-    for (int64_t i = start; i < end; ++i) top = top > x[i] ? top : x[i];
-    maxes[b] = top;
-  }
+inline void block_max_loop(const float* x, int64_t n, int64_t block, float* maxes) {
+  CPU_ISA_DISPATCH(block_max_loop)(x, n, block, maxes);
 }
 
 // The m largest values of a row and their columns, largest first and of equal values the lower column first (as
@@ -180,26 +135,9 @@ void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* a
 }
 
 
-CPU_CLONES void add_norm_loop(const float* xs, const float* ys, const float* ws, const float* bs, float* os,
-                              int64_t rows, int64_t d, double eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* o = os + r * d;
-    const float *x = xs + r * d, *y = ys + r * d;
-    double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < d; ++c) {
-      o[c] = x[c] + y[c];
-      sum += o[c];
-    }
-    const double mean = sum / d;
-    double squares = 0.0;
-#pragma omp simd reduction(+ : squares)
-    for (int64_t c = 0; c < d; ++c) squares += (o[c] - mean) * (o[c] - mean);
-    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / d + eps));
-    const float m = static_cast<float>(mean);
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) o[c] = (o[c] - m) * inverse * ws[c] + bs[c];
-  }
+inline void add_norm_loop(const float* xs, const float* ys, const float* ws, const float* bs, float* os, int64_t
+                          rows, int64_t d, double eps) {
+  CPU_ISA_DISPATCH(add_norm_loop)(xs, ys, ws, bs, os, rows, d, eps);
 }
 
 // layer_norm(x + y) over the last dimension, x and y (rows, d); on the CPU in one pass per row.

@@ -25,7 +25,7 @@ namespace {
 bool cpu_has_vnni() {
 #if HAVE_VNNI_KERNEL
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+  return cpu_isa() >= kIsaAvx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #else
   return false;
