@@ -35,38 +35,15 @@ import httpx
 
 from bench import machine
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, exit_on_sigterm, read_sentences, serve_running
+from bench.soak import resident_mib
 from tests.harness.cluster import HAPROXY_RETRY_ON
 from tests.harness.loadgen import LoadResult, run_load
 from tests.harness.processes import free_port
-from tests.harness.replica_processes import replica_pids, started_at
+from tests.harness.replica_processes import serving_replicas
 
 logger = logging.getLogger("bench.ingress_loss")
 CONCURRENCY = 32
 BEAM_SIZE = 4
-
-
-def resident_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def serving_ingresses(url: str, port: int, count: int, timeout_s: float = 120.0) -> list[int]:
-    """The Ingress replicas' pids once `count` of them report themselves in /metrics, oldest first."""
-    from tests.harness.prometheus_text import by_label
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            text = httpx.get(f"{url}/metrics", timeout=10).text
-            ready = {int(pid) for pid in by_label(text, "translation_replica_info", "pid", deployment="Ingress")}
-            serving = set(replica_pids(port, "translate", "Ingress")) & ready
-            if len(serving) >= count:
-                return sorted(serving, key=started_at)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{count} Ingress replicas did not come up within {timeout_s:.0f} s")
-        time.sleep(0.5)
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float:
@@ -92,9 +69,9 @@ def one_count(replicas: int, sentences: list[str], args: argparse.Namespace) -> 
     with tempfile.TemporaryDirectory(prefix="bench-ingress-") as scratch:
         logger.info("starting serve run deploy/serve.yaml with %d Ingress replica(s)", replicas)
         with serve_running(config, Path(scratch)) as url:
-            ingresses = serving_ingresses(url, port, replicas)
+            ingresses = serving_replicas(url, port, "Ingress", replicas, timeout_s=120.0)
             asyncio.run(run_load(f"{url}/v1/translate", body_for, 64, 8, name="warm-up"))
-            memory = [round(resident_mb(pid), 1) for pid in ingresses]
+            memory = [round(resident_mib(pid), 1) for pid in ingresses]
             outcome: dict[str, LoadResult] = {}
             load = threading.Thread(
                 target=lambda: outcome.update(
@@ -113,8 +90,8 @@ def one_count(replicas: int, sentences: list[str], args: argparse.Namespace) -> 
             replaced_at = None
             while load.is_alive():
                 if replaced_at is None:
-                    with contextlib.suppress(Exception):
-                        now = set(serving_ingresses(url, port, replicas, timeout_s=0.5))
+                    with contextlib.suppress(AssertionError, httpx.HTTPError):  # not yet, or no ingress to ask
+                        now = set(serving_replicas(url, port, "Ingress", replicas, timeout_s=0.5))
                         if victim not in now:
                             replaced_at = time.perf_counter() - began
                 time.sleep(0.25)
@@ -145,7 +122,7 @@ def summarize(
     return {
         "ingress_replicas": replicas,
         "coalesce_max_calls": coalesce_max_calls,
-        "ingress_resident_mb": memory,
+        "ingress_resident_mib": memory,
         "requests": len(timeline),
         "requests_per_s_before_kill": round(sum(t <= killed_at for t in ok_done) / killed_at, 1),
         "requests_per_s_after_kill": round(len(after) / max(end - killed_at, 1e-9), 1),
@@ -164,7 +141,7 @@ def summarize(
 COLUMNS = (
     ("ingress_replicas", "ingress"),
     ("coalesce_max_calls", "calls each"),
-    ("ingress_resident_mb", "RSS MB each"),
+    ("ingress_resident_mib", "RSS MiB each"),
     ("requests_per_s_before_kill", "req/s before"),
     ("requests_per_s_after_kill", "req/s after"),
     ("unclean_in_flight_at_kill", "lost in flight"),

@@ -118,8 +118,9 @@ async def run_load(
             try:
                 response = await client.post(url, json=body_for(index))
             except httpx.HTTPError as error:
-                result.exceptions[exception_kind(error)] += 1
-                result.timeline.append((sent, time.perf_counter(), exception_kind(error)))
+                kind = exception_kind(error)
+                result.exceptions[kind] += 1
+                result.timeline.append((sent, time.perf_counter(), kind))
                 continue
             result.timeline.append((sent, time.perf_counter(), str(response.status_code)))
             result.statuses[response.status_code] += 1

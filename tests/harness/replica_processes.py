@@ -5,7 +5,10 @@ HTTP port (several Ray clusters may run on one machine).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+import httpx
 
 from tests.harness.processes import command_line, session_pids
 
@@ -65,3 +68,24 @@ def started_at(pid: int) -> int:
     when process ids wrap around (pid_max is 32768 on many machines, and a long test session reaches it)."""
     stat = (PROC / str(pid) / "stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def serving_replicas(url: str, port: int, deployment: str, count: int = 2, timeout_s: float = 30.0) -> list[int]:
+    """PIDs of `deployment`'s replicas in the Serve instance at `url` (its HTTP port `port`) that are up and
+    serving, oldest first, once there are `count` of them (AssertionError after `timeout_s`).
+
+    A replacement's process exists (and has its name) while its constructor still loads the model; a replica
+    that has finished it reports translation_replica_info, per live pid, in /metrics. The oldest serving replica
+    is the one every router has known longest: the one to kill when requests must be in flight on it. (Not the
+    lowest pid: pids wrap around at pid_max, 32768 on the CI machine.)"""
+    from tests.harness.prometheus_text import by_label
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=60).text
+        ready = by_label(text, "translation_replica_info", "pid", deployment=deployment)
+        serving = set(replica_pids(port, "translate", deployment)) & {int(pid) for pid in ready}
+        if len(serving) >= count:
+            return sorted(serving, key=started_at)
+        assert time.monotonic() < deadline, f"{deployment} has {len(serving)} serving replicas, not {count}"
+        time.sleep(0.5)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.harness.loadgen import run_load, translate_bodies
-from tests.harness.replica_processes import replica_pids, started_at
+from tests.harness.replica_processes import replica_pids, serving_replicas
 from tests.service.conftest import API_KEYS
 
 pytestmark = pytest.mark.slow
@@ -105,25 +105,6 @@ def test_killing_a_translator_replica_mid_load_fails_in_flight_requests_cleanly_
         assert after.json()["cross_attention"] == explanation["cross_attention"]
 
 
-def serving_replicas(client: httpx.Client, port: int, deployment: str, count: int = 2) -> list[int]:
-    """PIDs of `deployment`'s replicas that are up and serving, oldest first, once there are `count` of them.
-
-    A replacement's process exists (and has its name) while its constructor still loads the model; a replica
-    that has finished it reports translation_replica_info, per live pid, in /metrics. The oldest serving replica
-    is the one every router has known longest: the one to kill when requests must be in flight on it. (Not the
-    lowest pid: pids wrap around at pid_max, 32768 on the CI machine.)"""
-    from tests.harness.prometheus_text import by_label
-
-    deadline = time.monotonic() + RECOVERY_S
-    while True:
-        ready = by_label(client.get("/metrics").text, "translation_replica_info", "pid", deployment=deployment)
-        serving = set(replica_pids(port, "translate", deployment)) & {int(pid) for pid in ready}
-        if len(serving) >= count:
-            return sorted(serving, key=started_at)
-        assert time.monotonic() < deadline, f"{deployment} has {len(serving)} serving replicas, not {count}"
-        time.sleep(0.5)
-
-
 def en_zh(texts: list[str]) -> dict:
     # at least 96 decoding steps per text: every call lasts long enough that the killed replica has some in flight
     # (with 24-step texts on an idle machine the kill could fall between calls and nothing was sent again)
@@ -140,7 +121,7 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
     retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
     body_for = lambda index: en_zh([f"{ENGLISH[index % len(ENGLISH)]} {index}"])
     for _ in range(3):  # a kill between two of the victim's calls catches nothing in flight: kill again
-        victim = serving_replicas(client, port, "translator-en-zh")[0]
+        victim = serving_replicas(service_url, port, "translator-en-zh")[0]
         outcome: dict = {}
         load = threading.Thread(
             target=lambda outcome=outcome: outcome.update(
@@ -157,7 +138,7 @@ def test_a_request_whose_replica_is_killed_is_sent_again_to_the_other_replica(se
         result = outcome["result"]
         assert_nothing_lost(result)
         assert result.statuses == {200: result.requests}, result.summary()
-        serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
+        serving_replicas(service_url, port, "translator-en-zh")  # the two are back for the tests after this one
         retries = total(client.get("/metrics").text, "translation_replica_retries_total") - retries_before
         if retries >= 1:
             break
@@ -227,7 +208,7 @@ def test_a_beam_stream_whose_replica_is_killed_ends_with_its_result_or_an_error_
     # replica since it finished one): nothing to send again, and nothing lost. Then again, once it is back:
     # 0 retries in one run of three fresh-clone CI runs, with six streams of 96+ steps in flight.
     for _ in range(3):
-        replicas = serving_replicas(client, port, "translator-en-zh")  # the two serving (a test may be replacing one)
+        replicas = serving_replicas(service_url, port, "translator-en-zh")  # the two serving (one may be replaced)
         texts_before = texts_by_pid(client, "translator-en-zh", "en-zh")
         retries_before = total(client.get("/metrics").text, "translation_replica_retries_total")
         window = {"until": time.monotonic() + 120}  # streams go on until a few seconds after the kill
@@ -243,7 +224,7 @@ def test_a_beam_stream_whose_replica_is_killed_ends_with_its_result_or_an_error_
         if retries >= 1 or any(outcome[-1] == "error" for outcome in collapsed):
             break
     assert retries >= 1 or any(outcome[-1] == "error" for outcome in collapsed), "the kill met no stream"
-    serving_replicas(client, port, "translator-en-zh")  # the two replicas are back for the tests after this one
+    serving_replicas(service_url, port, "translator-en-zh")  # the two replicas are back for the tests after this one
 
 
 def test_losing_one_of_two_ingress_replicas_under_load_loses_only_its_in_flight_requests_and_traffic_goes_on(
@@ -254,7 +235,7 @@ def test_losing_one_of_two_ingress_replicas_under_load_loses_only_its_in_flight_
     # other one at once (with one replica they wait for its replacement: bench/ingress_loss.py), and the
     # replacement comes up
     port = urlsplit(service_url).port
-    victim, _survivor = serving_replicas(client, port, "Ingress")
+    victim, _survivor = serving_replicas(service_url, port, "Ingress")
     body_for = translate_bodies(ENGLISH, 1, beam_size=1, max_length=16)
     concurrency, outcome = 8, {}
     load = threading.Thread(
@@ -281,5 +262,5 @@ def test_losing_one_of_two_ingress_replicas_under_load_loses_only_its_in_flight_
     assert sent_after >= 20, f"traffic stopped after the kill: {sent_after} requests sent after it answered"
     marks = [killed_at, *answered]
     assert max(b - a for a, b in zip(marks, marks[1:], strict=False)) < 1.0, "traffic waited after the kill"
-    replacement = serving_replicas(client, port, "Ingress")
+    replacement = serving_replicas(service_url, port, "Ingress")
     assert victim not in replacement

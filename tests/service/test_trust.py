@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from service.client import TranslationClient
+from tests.harness.prometheus_text import by_label
 from tests.service.conftest import Tolerance
 
 EN_ZH = {"source_lang": "en", "target_lang": "zh"}
@@ -141,13 +142,8 @@ def test_the_compatibility_routes_answer_as_before_and_give_scores_on_request(se
 def test_agreement_and_full_trust_together_force_each_hypothesis_through_the_reverse_model_once(service_url):
     def forced() -> dict[str, float]:
         text = httpx.get(f"{service_url}/metrics", timeout=30).text
-        counts = {"agreement": 0.0, "trust": 0.0}
-        for line in text.splitlines():
-            if line.startswith("translation_forced_decodes_total{") and 'model="en-zh"' in line:
-                for kind in counts:
-                    if f'kind="{kind}"' in line:
-                        counts[kind] += float(line.rsplit(" ", 1)[1])
-        return counts
+        by_kind = by_label(text, "translation_forced_decodes_total", "kind", model="en-zh")
+        return {kind: by_kind.get(kind, 0.0) for kind in ("agreement", "trust")}
 
     texts = ["The river froze early this winter.", "Nobody answered the second letter."]
     body = {**EN_ZH, "texts": texts, "split_sentences": False, "trust": "full", "alignment_method": "agreement"}
