@@ -27,8 +27,8 @@ SOURCE = CSRC / "bindings.cpp"  # the one translation unit: it includes every he
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
 # levels in one build and each call goes to this CPU's copy, or TRANSLATE_CPU_ISA's (csrc/common.h), so no -march
 CFLAGS = ["-O2", "-fopenmp-simd"]
-KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "vnni"}  # csrc/common.h's Kernel
-QUANTIZED = ("int8", "vnni")  # fbgemm's dynamic int8 linear; the runtime's own AVX-512 VNNI tiles
+KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "tiles"}  # csrc/common.h's Kernel
+QUANTIZED = ("int8", "tiles")  # fbgemm's dynamic int8 linear; the runtime's own int8 tiles (AVX-512 VNNI or AVX2)
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
 CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/common.h's Capture: what a compiled search keeps
 

@@ -42,12 +42,13 @@ class RuntimeInfo:
     choice_ms: float = 0.0
     # the instruction set the step runs at (model/cpu_isa.py): the compiled loops' level, or ATen's capability
     cpu_isa: str = field(default_factory=lambda: torch.backends.cpu.get_cpu_capability().lower())
+    int8_tiles: str = ""  # the compiled step's own int8 tiles on this CPU: "vnni", "avx2" or "" (fbgemm only)
 
     def as_dict(self) -> dict:
         return {
             "runtime": self.runtime, "precision": self.precision, "reason": self.reason, "cpu": self.cpu,
             "threads": self.threads, "kernels": dict(self.kernels), "choice_ms": round(self.choice_ms, 1),
-            "cpu_isa": self.cpu_isa,
+            "cpu_isa": self.cpu_isa, "int8_tiles": self.int8_tiles,
         }
 
 
@@ -206,7 +207,10 @@ class CompiledStep:
             reduce, RESCORED_CANDIDATES,
         )
         self.names.append("output")
-        self.info = RuntimeInfo("compiled", precision, "", cpu_isa=cpu_isa.NAMES[extension.cpu_isa()])
+        self.info = RuntimeInfo(
+            "compiled", precision, "", cpu_isa=cpu_isa.NAMES[extension.cpu_isa()],
+            int8_tiles=extension.int8_tiles() if int8 else "",
+        )
         if choose:
             self.choose(precision)
         else:
@@ -217,7 +221,7 @@ class CompiledStep:
         codes = {name: code for code, name in KERNELS.items()}
         allowed = [codes[name] for name in ("linear", "transposed", "onednn")]
         if precision == "int8":
-            allowed += [codes["int8"], codes["vnni"]]  # vnni: only where the CPU has it (the runtime checks)
+            allowed += [codes["int8"], codes["tiles"]]  # tiles: only where the CPU has some (the runtime checks)
         started = time.perf_counter()
         report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
         self.info.choice_ms = (time.perf_counter() - started) * 1e3
@@ -231,7 +235,7 @@ class CompiledStep:
 
     def force(self, kernel: str) -> None:
         """Every matmul on one kernel (a name of KERNELS; a QUANTIZED one only where the weight has an int8 copy
-        and, for "vnni", the CPU those tiles)."""
+        and, for "tiles", a CPU with AVX2 or VNNI)."""
         code = {name: code for code, name in KERNELS.items()}[kernel]
         self._runtime.force(code)
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))

@@ -12,6 +12,10 @@ which agrees with int8 maps to the bounds docs/explanations.md states, measured 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,10 +59,10 @@ def name(request) -> str:
     return request.param
 
 
-@pytest.mark.parametrize("mode", ["float32", "int8", "int8 through fbgemm"])
-def test_a_text_decodes_the_same_alone_and_in_batches_of_16_and_40(name, mode):
+def differing_in_batches(name: str, mode: str) -> dict[int, list[int]]:
+    """The dev texts (by index) whose ids differ between decoding alone and in batches of 16 and of 40."""
     translator = Translator.from_pretrained(name, device="cpu", dtype=mode.split()[0])
-    if mode == "int8 through fbgemm":  # the kernel AVX2 CPUs without VNNI choose for int8
+    if mode == "int8 through fbgemm":  # the kernel CPUs without int8 tiles choose for int8
         translator.step.force("int8")
     source_ids = dev_source_ids(translator, name)
 
@@ -70,9 +74,40 @@ def test_a_text_decodes_the_same_alone_and_in_batches_of_16_and_40(name, mode):
         ]
 
     alone = decoded(1)
-    for batch in (16, 40):
-        differing = [i for i, (a, b) in enumerate(zip(alone, decoded(batch), strict=True)) if a != b]
-        assert differing == [], f"{len(differing)} of {len(alone)} texts decode differently in batches of {batch}"
+    return {
+        batch: [i for i, (a, b) in enumerate(zip(alone, decoded(batch), strict=True)) if a != b] for batch in (16, 40)
+    }
+
+
+@pytest.mark.parametrize("mode", ["float32", "int8", "int8 through fbgemm"])
+def test_a_text_decodes_the_same_alone_and_in_batches_of_16_and_40(name, mode):
+    for batch, differing in differing_in_batches(name, mode).items():
+        assert differing == [], f"{len(differing)} of {SENTENCES} texts decode differently in batches of {batch}"
+
+
+@pytest.mark.skipif(compiled_extension() is None or compiled_extension().cpu_isa() < 2, reason="needs an AVX2 CPU")
+def test_a_text_decodes_the_same_alone_and_in_batches_on_the_avx2_int8_tiles(name):
+    # the AVX2 path on any x86 CPU (TRANSLATE_CPU_ISA=avx2, a process of its own): int8 as chosen there
+    script = (
+        "import json, sys, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from model import Translator\n"
+        "from tests.model.test_batch_invariance import differing_in_batches\n"
+        f"print('TILES', Translator.from_pretrained({name!r}, device='cpu', dtype='int8').runtime_info['int8_tiles'])\n"
+        f"print('DIFFERING', json.dumps(differing_in_batches({name!r}, 'int8')))\n"
+    )
+    env = {**os.environ, "TRANSLATE_CPU_ISA": "avx2"}
+    for variable in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        env.pop(variable, None)
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("TILES", "DIFFERING")))
+    assert lines["TILES"] == "avx2"
+    for batch, differing in json.loads(lines["DIFFERING"]).items():
+        assert differing == [], f"{len(differing)} of {SENTENCES} texts decode differently in batches of {batch}"
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float32"])

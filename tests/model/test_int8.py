@@ -152,55 +152,67 @@ def test_per_row_scales_shield_a_row_from_an_outlier_neighbour():
     assert error(per_row=False) > 0.1  # one scale per call: the outlier coarsens every row
 
 
-needs_vnni = pytest.mark.skipif(
-    compiled_extension() is None or not compiled_extension().has_vnni(), reason="this CPU has no AVX-512 VNNI"
-)
+def _tiles_here(tiles: str) -> bool:
+    extension = compiled_extension()
+    if extension is None:
+        return False
+    return extension.has_vnni() if tiles == "vnni" else extension.cpu_isa() >= 2  # csrc/common.h: kIsaAvx2
 
 
-@pytest.mark.parametrize("vnni", [False, pytest.param(True, marks=needs_vnni)], ids=["fbgemm", "vnni"])
-def test_fused_silu_is_torchs_silu_of_the_int8_matmul(vnni):
+def _tile_params() -> list:
+    marks = {t: pytest.mark.skipif(not _tiles_here(t), reason=f"this CPU has no {t} tiles") for t in ("vnni", "avx2")}
+    return [pytest.param(tiles, marks=marks[tiles]) for tiles in ("vnni", "avx2")]
+
+
+@pytest.mark.parametrize("tiles", ["", *_tile_params()], ids=["fbgemm", "vnni", "avx2"])
+def test_fused_silu_is_torchs_silu_of_the_int8_matmul(tiles):
     # the int8 fc1 applies bias, per-row scale and SiLU in one pass with its own exp (fbgemm's kernel: in the
-    # scale pass; the VNNI tiles: in registers): torch's SiLU of the same matmul is the oracle, over the range a
+    # scale pass; the int8 tiles: in registers): torch's SiLU of the same matmul is the oracle, over the range a
     # layer's pre-activations take and far past it (where e^-x overflows)
     torch.manual_seed(1)
     weight, bias = torch.randn(1024, 256) / 16, torch.randn(1024)
     rows = torch.cat([torch.randn(12, 256), 40 * torch.randn(4, 256)])
     extension = compiled_extension()
     packed = _prepack(extension, weight)
-    plain = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), vnni=vnni)
-    fused = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), ACTIVATIONS["silu"], vnni=vnni)
+    plain = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), tiles=tiles)
+    fused = extension.int8_linear(rows, packed, bias, True, reduce_range(extension), ACTIVATIONS["silu"], tiles=tiles)
     assert plain.abs().max() > 80  # both tails of SiLU reached
     torch.testing.assert_close(fused, torch.nn.functional.silu(plain), rtol=1e-6, atol=1e-6)
 
 
-@needs_vnni
+@pytest.mark.parametrize("tiles", _tile_params())
 @pytest.mark.parametrize("rows, inputs, outputs", [(1, 256, 768), (3, 256, 8935), (4, 1024, 256), (9, 250, 37),
-                                                   (64, 256, 1024)])
-def test_the_vnni_tiles_multiply_as_torch_does_with_the_same_integers(rows, inputs, outputs):
+                                                   (64, 256, 1024), (5, 100, 24)])
+def test_the_int8_tiles_multiply_as_torch_does_with_the_same_integers(tiles, rows, inputs, outputs):
     # the oracle: torch in float64 on the integers both sides agree on (W per channel as the runtime quantizes it;
-    # each row of x as 255 steps over its own range with 0 in it, the codes rounded in float32 as the kernel
-    # does): int32 sums are exact, so only float32's rounding of the scales, the bias and SiLU may differ; shapes
-    # with ragged tiles, columns and inputs, a row of outliers and a row of positives only (as after SiLU)
+    # each row of x as 255 steps (VNNI) or 127 (AVX2: vpmaddubsw's int16 pairs) over its own range with 0 in it,
+    # the codes rounded in float32 as the kernel does): int32 sums are exact, so only float32's rounding of the
+    # scales, the bias and SiLU may differ; shapes with ragged tiles, columns and inputs, a row of outliers and a
+    # row of positives only (as after SiLU)
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(outputs, inputs) / 16, torch.randn(outputs), torch.randn(rows, inputs)
     x[0, :7] *= 30
     x[-1] = x[-1].abs() + 0.5
+    levels = 255 if tiles == "vnni" else 127
     integers, scales = quantize_per_channel(weight)
     low, high = x.amin(1, keepdim=True).clamp(max=0), x.amax(1, keepdim=True).clamp(min=0)
-    inverse, step = 255 / (high - low), (high - low) / 255  # float32, as the kernel
+    inverse, step = levels / (high - low), (high - low) / levels  # float32, as the kernel
     zero = torch.round(-low * inverse)
-    codes = (torch.round(x * inverse) + zero).clamp(0, 255)
+    codes = (torch.round(x * inverse) + zero).clamp(0, levels)
     dequantized = (codes.double() - zero.double()) * step.double()
     expected = dequantized @ (integers.double() * scales.double()[:, None]).T + bias.double()
     assert (dequantized - x.double()).abs().max() <= step.max() / 2 + 1e-6  # within half a step of x
     extension = compiled_extension()
     packed = _prepack(extension, weight)
-    got = extension.int8_linear(x, packed, bias, True, False, vnni=True)
+    got = extension.int8_linear(x, packed, bias, True, False, tiles=tiles)
     torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-5)
-    fused = extension.int8_linear(x, packed, bias, True, False, ACTIVATIONS["silu"], vnni=True)
+    fused = extension.int8_linear(x, packed, bias, True, False, ACTIVATIONS["silu"], tiles=tiles)
     torch.testing.assert_close(fused.double(), torch.nn.functional.silu(expected), rtol=1e-6, atol=1e-5)
-    zeros = extension.int8_linear(torch.zeros(2, inputs), packed, bias, True, False, vnni=True)
+    zeros = extension.int8_linear(torch.zeros(2, inputs), packed, bias, True, False, tiles=tiles)
     assert torch.equal(zeros, bias.expand(2, -1))  # a row of zeros has step 0: the bias alone
+    # the tiles' rows do not depend on the rows beside them (batch invariance)
+    alone = [extension.int8_linear(x[i : i + 1], packed, bias, True, False, tiles=tiles) for i in range(rows)]
+    assert torch.equal(torch.cat(alone), got)
 
 
 def test_gradients_run_the_fp32_weights():

@@ -36,18 +36,21 @@ Packed prepack(const Tensor& quantized) {
 
 // x Wᵀ + b through the int8 kernel alone (tests): activations scaled per row first (`per_row`), or quantized with
 // one scale for the whole call as fbgemm does by itself; then `activation` (an Activation, -1 none) as a layer's
-// fc1 runs it (SiLU fused into the per-row scale pass). `vnni`: through the VNNI tiles instead of fbgemm (rows
-// quantized per row either way).
+// fc1 runs it (SiLU fused into the per-row scale pass). `tiles` ("vnni" or "avx2"): through those int8 tiles
+// instead of fbgemm (rows quantized per row either way), on a CPU that has them whatever the level in force.
 Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bool per_row, bool reduce_range,
-                   int64_t activation, bool vnni) {
+                   int64_t activation, const std::string& tiles) {
   at::InferenceMode guard;
-  if (!per_row && !vnni) return weight->apply_dynamic(x, reduce_range).add_(bias);
+  if (!per_row && tiles.empty()) return weight->apply_dynamic(x, reduce_range).add_(bias);
+  const int with = tiles == "vnni" ? kTilesVnni : tiles == "avx2" ? kTilesAvx2 : kTilesNone;
+  TORCH_CHECK(tiles.empty() || with != kTilesNone, "unknown int8 tiles '", tiles, "' (vnni or avx2)");
+  TORCH_CHECK(with != kTilesVnni || cpu_has_vnni(), "this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(with != kTilesAvx2 || (HAVE_AVX2_INT8_KERNEL && detected_cpu_isa() >= kIsaAvx2), "this CPU has no AVX2");
   Linear linear;
-  linear.attach_int8(weight);
+  linear.attach_int8(weight, with);
   linear.bias = bias;
   linear.reduce_range = reduce_range;
-  TORCH_CHECK(!vnni || linear.vnni, "this CPU has no AVX-512 VNNI");
-  return linear.run(x, vnni ? kVnni : kInt8, activation);
+  return linear.run(x, with != kTilesNone ? kTiles : kInt8, activation);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -57,7 +60,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .value("transposed", kTransposed)
       .value("int8", kInt8)
       .value("onednn", kOneDnn)
-      .value("vnni", kVnni);
+      .value("tiles", kTiles);
   pybind11::enum_<Activation>(m, "Activation")
       .value("silu", kSilu)
       .value("relu", kRelu)
@@ -71,8 +74,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prepack", &prepack);
   m.def("int8_linear", &int8_linear, pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
         pybind11::arg("per_row"), pybind11::arg("reduce_range"), pybind11::arg("activation") = -1,
-        pybind11::arg("vnni") = false);
+        pybind11::arg("tiles") = "");
   m.def("has_vnni", &cpu_has_vnni);
+  m.def("int8_tiles", [] { return std::string(int8_tiles_name(int8_tiles())); });
   m.def("set_cpu_isa", &limit_cpu_isa, pybind11::arg("level"));
   m.def("cpu_isa", &cpu_isa);
   pybind11::class_<Runtime>(m, "Runtime")

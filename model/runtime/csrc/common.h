@@ -32,10 +32,10 @@ using at::Tensor;
 using Packed = c10::intrusive_ptr<LinearPackedParamsBase>;
 
 // How one matmul multiplies: the candidates the runtime times on the real weights when a model loads.
-enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2, kOneDnn = 3, kVnni = 4 };
+enum Kernel : int64_t { kLinear = 0, kTransposed = 1, kInt8 = 2, kOneDnn = 3, kTiles = 4 };
 
-// fbgemm's int8 kernel or the VNNI tiles: the two whose numbers are quantized.
-bool quantized(int64_t kernel) { return kernel == kInt8 || kernel == kVnni; }
+// fbgemm's int8 kernel or the runtime's own int8 tiles (VNNI or AVX2): the two whose numbers are quantized.
+bool quantized(int64_t kernel) { return kernel == kInt8 || kernel == kTiles; }
 
 enum Activation : int64_t { kSilu = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
 // What a search keeps of the cross-attention per step: nothing, every layer's and head's (N, L, h, S), or one

@@ -3,7 +3,7 @@
 
 #include "kernels/onednn.h"
 #include "kernels/cpu_loops.h"
-#include "kernels/vnni.h"
+#include "kernels/avx2_int8.h"
 
 namespace {
 
@@ -13,18 +13,21 @@ struct Linear {
   Tensor onednn;      // oneDNN's blocked copy, made when a kernel needs it
   Tensor bias;        // (out,) or undefined
   Packed int8;        // per-channel int8 weight prepacked by fbgemm (no bias: added after the per-row scale)
-  VnniWeight vnni;    // the same int8 weight laid out for the VNNI tiles, on CPUs that have them
+  VnniWeight tiled;   // the same int8 weight laid out for the int8 tiles, on CPUs that have them
+  int tiles = kTilesNone;  // which tiles multiply by `tiled` (an Int8Tiles)
   bool reduce_range = false;
   int64_t small = kLinear;  // the kernel for a step of at most `rows_cut` rows
   int64_t large = kLinear;  // and above it
   int64_t rows_cut = 8;
 
-  // The int8 copy fbgemm multiplies by, and on a CPU with VNNI the same integers laid out for the VNNI tiles.
-  void attach_int8(const Packed& packed) {
+  // The int8 copy fbgemm multiplies by, and on a CPU with AVX2 or VNNI the same integers laid out for the int8
+  // tiles (`with`: which tiles; by default this CPU's at the level in force).
+  void attach_int8(const Packed& packed, int with = int8_tiles()) {
     int8 = packed;
-    if (cpu_has_vnni()) {
+    tiles = with;
+    if (tiles != kTilesNone) {
       const Tensor q = std::get<0>(packed->unpack());
-      vnni = vnni_weight(q.int_repr(), q.q_per_channel_scales().to(at::kFloat));
+      tiled = vnni_weight(q.int_repr(), q.q_per_channel_scales().to(at::kFloat));
     }
   }
 
@@ -44,8 +47,8 @@ struct Linear {
         return bias.defined() ? at::addmm(bias, x, transposed) : at::mm(x, transposed);
       case kOneDnn:
         return onednn_linear(x, onednn, bias);
-      case kVnni:
-        if (vnni && plain_cpu(x) && x.is_contiguous()) return vnni_linear(x, vnni, bias, silu);
+      case kTiles:
+        if (tiled && plain_cpu(x) && x.is_contiguous()) return tile_linear(x, tiled, bias, silu, tiles);
         [[fallthrough]];
       case kInt8: {
         // Each row divided by its largest magnitude before fbgemm quantizes the call's activations to 8 bits,

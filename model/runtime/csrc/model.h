@@ -115,7 +115,7 @@ class Model {
       std::vector<int64_t> candidates;
       for (int64_t kernel : allowed) {
         if (quantized(kernel) && !p->int8) continue;
-        if (kernel == kVnni && !p->vnni) continue;
+        if (kernel == kTiles && !p->tiled) continue;
         if (kernel == kTransposed && !p->transposed.defined()) p->transposed = p->weight.t().contiguous();
         if (kernel == kOneDnn) {
           if (!at::hasMKLDNN() || !p->weight.is_cpu()) continue;
@@ -193,7 +193,7 @@ class Model {
   // Set every matmul's kernel directly (tests and the eager comparison): the same kernel for all rows.
   void force(int64_t kernel) {
     for (Linear* p : matmuls()) {
-      p->small = p->large = (quantized(kernel) && !p->int8) || (kernel == kVnni && !p->vnni) ? kLinear : kernel;
+      p->small = p->large = (quantized(kernel) && !p->int8) || (kernel == kTiles && !p->tiled) ? kLinear : kernel;
       prepare(*p);
     }
   }

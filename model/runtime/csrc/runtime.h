@@ -235,9 +235,9 @@ class Runtime : public Model {
     const int64_t rows = x.size(0), d = x.size(1);
     const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
     // (N, V) logits, int8 ones not yet rescored; from the VNNI tiles with each row's 64-column maxima beside
-    const bool tiles = kernel == kVnni && output_.vnni && x.is_contiguous();
-    std::vector<float> block_maxes(tiles ? rows * ((output_.vnni.out + kBlock - 1) / kBlock) : 0);
-    Tensor out = tiles ? vnni_linear(x, output_.vnni, output_.bias, false, block_maxes.data())
+    const bool tiles = kernel == kTiles && output_.tiled && x.is_contiguous();
+    std::vector<float> block_maxes(tiles ? rows * ((output_.tiled.out + kBlock - 1) / kBlock) : 0);
+    Tensor out = tiles ? tile_linear(x, output_.tiled, output_.bias, false, output_.tiles, block_maxes.data())
                        : output_.run(x, kernel).contiguous();
     Tensor state = x.contiguous();
     const int64_t width = out.size(1);

@@ -42,7 +42,7 @@ const char* kernel_name(int64_t kernel) {
     case kTransposed: return "transposed";
     case kInt8: return "int8";
     case kOneDnn: return "onednn";
-    case kVnni: return "vnni";
+    case kTiles: return "tiles";
   }
   return "?";
 }

@@ -69,6 +69,47 @@ VnniWeight vnni_weight(const Tensor& integers, const Tensor& scales) {
   return w;
 }
 
+// A row's grid of `levels` steps over [lo, hi] (lo = min(x, 0), hi = max(x, 0); the values from `i` on not yet
+// seen by the caller's vector lanes are taken in here): step s = (hi - lo) / levels and zero point z = round(-lo / s)
+// into `step` and `zero` (0 and 0 for a row of zeros); returns 1 / s (0 for a row of zeros).
+inline float row_grid(const float* row, int64_t i, int64_t in, float lo, float hi, int32_t levels, float* step,
+                      int32_t* zero) {
+  for (; i < in; ++i) {
+    lo = std::min(lo, row[i]);
+    hi = std::max(hi, row[i]);
+  }
+  const float range = hi - lo;
+  const float inverse = range > 0.0f ? static_cast<float>(levels) / range : 0.0f;
+  *zero = static_cast<int32_t>(std::nearbyint(-lo * inverse));
+  *step = range > 0.0f ? range / static_cast<float>(levels) : 0.0f;
+  return inverse;
+}
+
+// The codes of row[i..in) that the vector lanes left, then the padding to `width` (z: a zero).
+inline void codes_tail(const float* row, int64_t i, int64_t in, int64_t width, float inverse, int32_t zero,
+                       int32_t levels, uint8_t* target) {
+  for (; i < in; ++i) {
+    const int32_t q = static_cast<int32_t>(std::nearbyint(row[i] * inverse)) + zero;
+    target[i] = static_cast<uint8_t>(std::min(levels, std::max(0, q)));
+  }
+  for (; i < width; ++i) target[i] = static_cast<uint8_t>(zero);
+}
+
+// What every tile of one call of the int8 tiles (VNNI or AVX2) reads and writes.
+struct TileCall {
+  const uint8_t* a;     // the quantized rows (rows, groups · 4)
+  const float* steps;   // per row
+  const int32_t* zeros;  // per row
+  const int8_t* packed;  // VnniWeight::packed
+  const float* scales;
+  const int32_t* sums;
+  const float* bias;  // or null
+  bool silu;
+  float* out;      // (rows, columns)
+  float* maxes;    // (rows, panels) or null
+  int64_t groups, columns, panels;
+};
+
 #if HAVE_VNNI_KERNEL
 // e^y in 16 lanes for y in [-87, 88]: EXP_IN_LANES' Cephes polynomial, written in intrinsics.
 VNNI_TARGET inline __m512 exp_lanes(__m512 y) {
@@ -101,16 +142,9 @@ VNNI_TARGET void quantize_rows_vnni(const float* x, int64_t rows, int64_t in, in
       low = _mm512_min_ps(low, v);
       high = _mm512_max_ps(high, v);
     }
-    float lo = _mm512_reduce_min_ps(low), hi = _mm512_reduce_max_ps(high);
-    for (; i < in; ++i) {
-      lo = std::min(lo, row[i]);
-      hi = std::max(hi, row[i]);
-    }
-    const float range = hi - lo;
-    const float inverse = range > 0.0f ? 255.0f / range : 0.0f;
-    const int32_t zero = static_cast<int32_t>(std::nearbyint(-lo * inverse));
-    steps[r] = range > 0.0f ? range / 255.0f : 0.0f;
-    zeros[r] = zero;
+    const float inverse = row_grid(row, i, in, _mm512_reduce_min_ps(low), _mm512_reduce_max_ps(high), 255,
+                                   steps + r, zeros + r);
+    const int32_t zero = zeros[r];
     const __m512 times = _mm512_set1_ps(inverse);
     const __m512i shift = _mm512_set1_epi32(zero), floor = _mm512_setzero_si512();
     for (i = 0; i + 16 <= in; i += 16) {
@@ -118,28 +152,9 @@ VNNI_TARGET void quantize_rows_vnni(const float* x, int64_t rows, int64_t in, in
           _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + i), times)), shift), floor);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(target + i), _mm512_cvtusepi32_epi8(q));
     }
-    for (; i < in; ++i) {
-      const int32_t q = static_cast<int32_t>(std::nearbyint(row[i] * inverse)) + zero;
-      target[i] = static_cast<uint8_t>(std::min(255, std::max(0, q)));
-    }
-    for (; i < width; ++i) target[i] = static_cast<uint8_t>(zero);
+    codes_tail(row, i, in, width, inverse, zero, 255, target);
   }
 }
-
-// What every tile of one vnni_matmul call reads and writes.
-struct TileCall {
-  const uint8_t* a;     // the quantized rows (rows, groups · 4)
-  const float* steps;   // per row
-  const int32_t* zeros;  // per row
-  const int8_t* packed;  // VnniWeight::packed
-  const float* scales;
-  const int32_t* sums;
-  const float* bias;  // or null
-  bool silu;
-  float* out;      // (rows, columns)
-  float* maxes;    // (rows, panels) or null
-  int64_t groups, columns, panels;
-};
 
 // R rows from `row` × NB blocks of 16 columns of panel `panel`: Σ over the input in registers, then scale, bias,
 // SiLU and a masked store (and the row's largest value of the panel, where `maxes` is given).
@@ -212,43 +227,32 @@ VNNI_TARGET void vnni_rows(const TileCall& t, int64_t row, int64_t panel, int64_
   }
 }
 
-// out (rows, W.out) = the quantized rows `a` times W: panels of 64 columns, each panel's weights (16 KB at 256
-// inputs) kept in L1 while every 4-row tile passes over them.
-VNNI_TARGET void vnni_matmul(const uint8_t* a, const float* steps, const int32_t* zeros, int64_t rows,
-                             const VnniWeight& w, const float* bias, bool silu, float* out, float* maxes) {
-  const TileCall t{a, steps, zeros, w.packed.data_ptr<int8_t>(), w.scales.data_ptr<float>(), w.sums.data_ptr<int32_t>(),
-                   bias, silu, out, maxes, w.groups, w.out, (w.blocks + 3) / 4};
+// The VNNI tiles, as tile_panels calls them.
+struct VnniTiles {
+  template <int R>
+  static void rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks) {
+    vnni_rows<R>(t, row, panel, blocks);
+  }
+};
+#endif
+
+// out = the quantized rows times W through `Tiles` (VnniTiles or Avx2Tiles): panels of 64 columns, each panel's
+// weights (16 KB at 256 inputs) kept in L1 while every 4-row tile passes over them.
+template <typename Tiles>
+void tile_panels(const TileCall& t, int64_t rows, int64_t blocks) {
   at::parallel_for(0, t.panels, 8, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t blocks = std::min<int64_t>(4, w.blocks - 4 * p);
+      const int64_t here = std::min<int64_t>(4, blocks - 4 * p);
       int64_t r = 0;
-      for (; r + 4 <= rows; r += 4) vnni_rows<4>(t, r, p, blocks);
+      for (; r + 4 <= rows; r += 4) Tiles::template rows<4>(t, r, p, here);
       switch (rows - r) {
-        case 3: vnni_rows<3>(t, r, p, blocks); break;
-        case 2: vnni_rows<2>(t, r, p, blocks); break;
-        case 1: vnni_rows<1>(t, r, p, blocks); break;
+        case 3: Tiles::template rows<3>(t, r, p, here); break;
+        case 2: Tiles::template rows<2>(t, r, p, here); break;
+        case 1: Tiles::template rows<1>(t, r, p, here); break;
         default: break;
       }
     }
   });
-}
-#endif
-
-// x (rows, in) contiguous fp32 → x Wᵀ + b (then SiLU if `silu`) through the VNNI tiles; `maxes` (when given, rows ×
-// ⌈out / 64⌉ floats): each row's largest output of every 64 columns, taken in the tiles' registers.
-Tensor vnni_linear(const Tensor& x, const VnniWeight& w, const Tensor& bias, bool silu, float* maxes = nullptr) {
-  const int64_t rows = x.size(0);
-  Tensor out = at::empty({rows, w.out}, x.options());
-#if HAVE_VNNI_KERNEL
-  Tensor a = at::empty({rows, w.groups * 4}, x.options().dtype(at::kByte));
-  Tensor steps = at::empty({rows}, x.options());
-  Tensor zeros = at::empty({rows}, x.options().dtype(at::kInt));
-  quantize_rows_vnni(x.data_ptr<float>(), rows, w.in, w.groups, a.data_ptr<uint8_t>(), steps.data_ptr<float>(),
-                     zeros.data_ptr<int32_t>());
-  vnni_matmul(a.data_ptr<uint8_t>(), steps.data_ptr<float>(), zeros.data_ptr<int32_t>(), rows, w,
-              bias.defined() ? bias.data_ptr<float>() : nullptr, silu, out.data_ptr<float>(), maxes);
-#endif
-  return out;
 }
 
 }  // namespace
