@@ -419,13 +419,19 @@ class RuntimeInfo(BaseModel):
     threads: int = Field(description="Threads each decode uses.")
     kernels: dict[str, str] = Field(
         description="Per matmul (layer.name, output): the kernel for few rows / many rows "
-        "(linear, transposed, onednn, int8), measured fastest here when the model loaded."
+        "(linear, transposed, onednn, int8: fbgemm's, tiles: the runtime's own int8 tiles), measured fastest here "
+        "when the model loaded."
     )
     choice_ms: float = Field(description="Milliseconds the kernel measurement took at load.")
     cpu_isa: str = Field(
         "",
         description="The instruction set the step runs at: avx512, avx2 or x86-64 (compiled; TRANSLATE_CPU_ISA may "
         "lower it below the CPU's), else ATen's CPU capability.",
+    )
+    int8_tiles: str = Field(
+        "",
+        description="The runtime's own int8 tiles an int8 step may choose here: vnni (AVX-512 VNNI, 8-bit rows), "
+        "avx2 (7-bit rows) or empty (fbgemm's int8 alone, or not int8).",
     )
 
 

@@ -26,7 +26,12 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "bindings.cpp"  # the one translation unit: it includes every header of csrc/
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
 # levels in one build and each call goes to this CPU's copy, or TRANSLATE_CPU_ISA's (csrc/common.h), so no -march
-CFLAGS = ["-O2", "-fopenmp-simd"]
+# USE_FBGEMM: torch's own build flag, which an extension does not get; set where this torch has fbgemm and ships its
+# headers, so that TRANSLATE_CPU_ISA also holds fbgemm's int8 kernels to the level (csrc/bindings.cpp)
+_FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines and (
+    Path(torch.__file__).parent / "include" / "fbgemm" / "Utils.h"
+).is_file()
+CFLAGS = ["-O2", "-fopenmp-simd", *(["-DUSE_FBGEMM"] if _FBGEMM else [])]
 KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "tiles"}  # csrc/common.h's Kernel
 QUANTIZED = ("int8", "tiles")  # fbgemm's dynamic int8 linear; the runtime's own int8 tiles (AVX-512 VNNI or AVX2)
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}

@@ -288,8 +288,8 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
 
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"), reason="needs an AVX2 CPU")
 def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_reference():
-    """TRANSLATE_CPU_ISA=avx2 (model/cpu_isa.py): the runtime's loops, ATen and oneDNN at AVX2, the AVX2 int8 tiles
-    in place of the VNNI ones, every fp32 kernel decoding as the lecture model does (the reference's own step, in
+    """TRANSLATE_CPU_ISA=avx2 (model/cpu_isa.py): the runtime's loops, ATen, oneDNN and fbgemm at AVX2, the AVX2
+    int8 tiles in place of the VNNI ones, every fp32 kernel decoding as the lecture model does (the reference's own step, in
     the same process), and int8 on the AVX2 tiles decoding each source in a batch to the ids it gets alone (batch
     invariance; scores may differ where a code's rounding flips under the encoder's float32 differences)."""
     script = (
@@ -307,6 +307,10 @@ def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_
         "        for options in OPTIONS:\n"
         "            assert_decodes_as_the_reference(model, step, sources, options, (shape, kernel), "
         "return_attention=True)\n"
+        "from model.runtime.step import _prepack\n"
+        "ones = torch.ones(4, 256); ones[:, 0] = -1.0\n"
+        "summed = ext.int8_linear(ones, _prepack(ext, torch.ones(64, 256)), torch.zeros(64), False, False)\n"
+        "print('FBGEMM', summed[0, 0].item())\n"
         "model = random_model('gelu-wide'); sources = random_sources(random.Random(2), model, 6)\n"
         "int8 = CompiledStep(model, ext, 'int8')\n"
         "print('INFO', int8.info.cpu_isa, int8.info.int8_tiles, sorted(set(int8.info.kernels.values())))\n"
@@ -324,8 +328,11 @@ def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("ISA", "INFO"))]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("ISA", "FBGEMM", "INFO"))]
     assert lines[0] == "ISA 2 AVX2", lines
+    # fbgemm at AVX2 too: 8-bit activations (255) times weights of 127 summed in pairs overflow vpmaddubsw's int16
+    # (AVX2), not vpdpbusd's int32 (VNNI): the exact 254 comes back only from a VNNI kernel
+    assert float(lines.pop(1).split()[1]) < 100, lines
     assert lines[1].startswith("INFO avx2 avx2 "), lines  # the level, then the int8 tiles: AVX2's, not VNNI's
     assert "isa:Intel AVX2" in result.stdout.replace("onednn_verbose,v1,info,cpu,", "")  # oneDNN's own report
 

@@ -1,6 +1,7 @@
 """Every route of REST v1 against the real Ray Serve instance (tiny random models)."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,13 @@ def test_models_describes_each_model(client):
     assert (models["zh-en"]["alignment_layer"], models["zh-en"]["alignment_head"]) == (0, None)
     assert models["zh-en"]["alignment_source"] == "fallback"
     assert models["en-zh"]["runtime"]["cpu_isa"] in {"avx512", "avx2", "x86-64"}  # the level the step runs at
+    # the int8 tiles an int8 step may choose: the CPU's own flags say which (Linux's /proc/cpuinfo)
+    runtime = models["en-zh"]["runtime"]
+    if runtime["runtime"] == "compiled" and runtime["precision"] == "int8" and Path("/proc/cpuinfo").is_file():
+        flags = set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
+        level = runtime["cpu_isa"]
+        expected = "vnni" if level == "avx512" and "avx512_vnni" in flags else "avx2" if level != "x86-64" else ""
+        assert runtime["int8_tiles"] == expected
 
 
 def test_translate_returns_tokens_scores_alignment_and_an_explanation_id(client):
