@@ -289,9 +289,9 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
 @pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX"), reason="needs an AVX2 CPU")
 def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_reference():
     """TRANSLATE_CPU_ISA=avx2 (model/cpu_isa.py): the runtime's loops, ATen, oneDNN and fbgemm at AVX2, the AVX2
-    int8 tiles in place of the VNNI ones, every fp32 kernel decoding as the lecture model does (the reference's own step, in
-    the same process), and int8 on the AVX2 tiles decoding each source in a batch to the ids it gets alone (batch
-    invariance; scores may differ where a code's rounding flips under the encoder's float32 differences)."""
+    int8 tiles in place of the VNNI ones, every fp32 kernel decoding as the lecture model does (the reference's own
+    step, in the same process), and int8 on the AVX2 tiles decoding each source in a batch to the ids it gets alone
+    (batch invariance; scores may differ where a code's rounding flips under the encoder's float32 differences)."""
     script = (
         "import random, torch\n"
         "from model.decoding.search import beam_search\n"
