@@ -121,7 +121,7 @@ AVX2_TARGET inline void multiply_add(__m256i& a0, __m256i& a1, __m256i x, __m256
 #endif
 }
 
-// R rows from `row` × the 16 columns of block `block` (two ymm halves of 8): Σ over the input in registers, then
+// R rows (at most 6) from `row` × the 16 columns of block `block` (two ymm halves of 8): Σ over the input in registers, then
 // scale, bias, SiLU and a store of the columns that exist; `top` takes each row's largest value.
 template <int R>
 AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block, __m256* top) {
@@ -130,12 +130,12 @@ AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block,
   const int8_t* w = t.packed + block * groups * 64;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[R][2];
-#pragma GCC unroll 4
+#pragma GCC unroll 6
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   for (int64_t g = 0; g < groups; ++g) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       int32_t four;
       std::memcpy(&four, a + r * a_stride + g * 4, 4);
@@ -152,7 +152,7 @@ AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block,
     const __m256 scale = _mm256_loadu_ps(t.scales + c);  // scales and sums are padded to whole blocks
     const __m256i sum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.sums + c));
     const __m256 add = t.bias ? _mm256_maskload_ps(t.bias + c, lanes) : _mm256_setzero_ps();
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const __m256i real = _mm256_sub_epi32(acc[r][h], _mm256_mullo_epi32(sum, _mm256_set1_epi32(t.zeros[row + r])));
       const __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(real), _mm256_mul_ps(scale, _mm256_set1_ps(t.steps[row + r])),
@@ -187,6 +187,9 @@ AVX2_TARGET void avx2_panel(const TileCall& t, int64_t row, int64_t panel, int64
 
 // The AVX2 tiles, as tile_panels calls them.
 struct Avx2Tiles {
+  // 6 rows × 16 columns: 12 ymm accumulators (against 4 rows: 85 against 62-77 GMAC/s at 64 rows × 256 × 768 in a
+  // one-thread loop of the inner product alone, AMD EPYC forced to AVX2)
+  static constexpr int kRows = 6;
   template <int R>
   static void rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks) {
     avx2_panel<R>(t, row, panel, blocks);

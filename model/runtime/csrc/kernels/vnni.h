@@ -229,6 +229,7 @@ VNNI_TARGET void vnni_rows(const TileCall& t, int64_t row, int64_t panel, int64_
 
 // The VNNI tiles, as tile_panels calls them.
 struct VnniTiles {
+  static constexpr int kRows = 4;  // 4 rows × 64 columns: 16 zmm accumulators
   template <int R>
   static void rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks) {
     vnni_rows<R>(t, row, panel, blocks);
@@ -236,21 +237,25 @@ struct VnniTiles {
 };
 #endif
 
+// The last `left` (< Tiles::kRows) rows of a panel as one tile of that many rows.
+template <typename Tiles, int N>
+void last_rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks, int64_t left) {
+  if constexpr (N > 0) {
+    if (left == N) return Tiles::template rows<N>(t, row, panel, blocks);
+    last_rows<Tiles, N - 1>(t, row, panel, blocks, left);
+  }
+}
+
 // out = the quantized rows times W through `Tiles` (VnniTiles or Avx2Tiles): panels of 64 columns, each panel's
-// weights (16 KB at 256 inputs) kept in L1 while every 4-row tile passes over them.
+// weights (16 KB at 256 inputs) kept in L1 while every tile of Tiles::kRows rows passes over them.
 template <typename Tiles>
 void tile_panels(const TileCall& t, int64_t rows, int64_t blocks) {
   at::parallel_for(0, t.panels, 8, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t here = std::min<int64_t>(4, blocks - 4 * p);
       int64_t r = 0;
-      for (; r + 4 <= rows; r += 4) Tiles::template rows<4>(t, r, p, here);
-      switch (rows - r) {
-        case 3: Tiles::template rows<3>(t, r, p, here); break;
-        case 2: Tiles::template rows<2>(t, r, p, here); break;
-        case 1: Tiles::template rows<1>(t, r, p, here); break;
-        default: break;
-      }
+      for (; r + Tiles::kRows <= rows; r += Tiles::kRows) Tiles::template rows<Tiles::kRows>(t, r, p, here);
+      last_rows<Tiles, Tiles::kRows - 1>(t, r, p, here, rows - r);
     }
   });
 }
