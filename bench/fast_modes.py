@@ -30,6 +30,8 @@ logger = logging.getLogger("bench.fast_modes")
 ENGINES = {
     "fp32": ("ours", {"dtype": "float32"}),  # the decoding runtime (compiled where it builds)
     "int8": ("ours", {"dtype": "int8"}),
+    # kernels chosen without the runtime's own int8 tiles (fbgemm's int8 where int8 pays): what the tiles gain
+    "int8 fbgemm": ("ours", {"dtype": "int8", "without": ("tiles",)}),
     "eager fp32": ("ours", {"dtype": "float32", "eager": True}),  # the lecture model's own step
     "bf16": ("ours", {"dtype": "bfloat16"}),
     "ct2 int8": ("ct2", {"compute_type": "int8"}),
@@ -39,10 +41,12 @@ BATCH_SIZES = (1, 16)
 
 
 class Ours:
-    def __init__(self, name: str, dtype: str, eager: bool = False) -> None:
+    def __init__(self, name: str, dtype: str, eager: bool = False, without: tuple[str, ...] = ()) -> None:
         self.translator = Translator.from_pretrained(name, device="cpu", dtype=dtype)
         if eager:
             self.translator.step = EagerStep(self.translator.model)
+        if without:  # the kernels chosen again without these
+            self.translator.step.choose(dtype, without=without)
 
     def translate(self, source_ids: list[list[int]], beam_size: int) -> list[list[int]]:
         return [nbest[0].token_ids for nbest in self.translator.generate(source_ids, beam_size=beam_size)]
@@ -111,7 +115,7 @@ def speed_ratios(speed: dict) -> dict:
     ratios = {}
     for label, by_size in speed.items():
         for setting, figure in by_size.items():
-            for reference in ("ct2 int8", "ct2 fp32", "eager fp32"):
+            for reference in ("ct2 int8", "ct2 fp32", "eager fp32", "int8 fbgemm"):
                 if reference in speed and reference != label:
                     other = speed[reference][setting]
                     ratios.setdefault(label, {})[f"{setting} texts/s vs {reference}"] = round(

@@ -216,12 +216,14 @@ class CompiledStep:
         else:
             self.force("linear")
 
-    def choose(self, precision: str) -> None:
-        """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which)."""
+    def choose(self, precision: str, without: tuple[str, ...] = ()) -> None:
+        """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which);
+        `without`: kernels (names of KERNELS) left out of the candidates (benchmarks: what one kernel gains)."""
         codes = {name: code for code, name in KERNELS.items()}
-        allowed = [codes[name] for name in ("linear", "transposed", "onednn")]
+        names = ["linear", "transposed", "onednn"]
         if precision == "int8":
-            allowed += [codes["int8"], codes["tiles"]]  # tiles: only where the CPU has some (the runtime checks)
+            names += ["int8", "tiles"]  # tiles: only where the CPU has some (the runtime checks)
+        allowed = [codes[name] for name in names if name not in without]
         started = time.perf_counter()
         report = self._runtime.choose(allowed, SMALL_ROWS, LARGE_ROWS, CHOICE_REPEATS)
         self.info.choice_ms = (time.perf_counter() - started) * 1e3
