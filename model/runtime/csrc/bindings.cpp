@@ -1,6 +1,6 @@
 // The runtime's Python bindings and the one translation unit the build compiles: every part is a header
-// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h; linear.h; attention.h; layers.h; model.h: the weights and
-// the kernel choice; runtime.h: the layers' arithmetic; decoding.h: the search),
+// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h, avx2_int8.h; linear.h; attention.h; layers.h; model.h: the
+// weights and the kernel choice; runtime.h: the layers' arithmetic; decoding.h: the search),
 // included once here, so that the per-CPU-level copies of the loops and the anonymous namespace stay one unit.
 // The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
 // best candidates, for one new position per row, in one call from Python, and the decode loop (decoding.h) in
@@ -14,7 +14,7 @@
 #include "decoding.h"
 
 
-// TRANSLATE_CPU_ISA (model/cpu_isa.py): the runtime's loops and VNNI tiles limited to `level` (common.h), and
+// TRANSLATE_CPU_ISA (model/cpu_isa.py): the runtime's loops and int8 tiles limited to `level` (common.h), and
 // fbgemm's int8 kernels with them where the level is below this CPU's (before fbgemm's first use, at load).
 int limit_cpu_isa(int64_t level) {
   const int now = set_cpu_isa(level);

@@ -67,7 +67,7 @@ int g_cpu_isa = detected_cpu_isa();  // lowered by set_cpu_isa, never raised abo
 
 inline int cpu_isa() { return g_cpu_isa; }
 
-// Limit the loops (and, through cpu_isa(), the VNNI tiles) to `level` or what the CPU has, whichever is lower;
+// Limit the loops (and, through cpu_isa(), the int8 tiles) to `level` or what the CPU has, whichever is lower;
 // the level now in force.
 int set_cpu_isa(int64_t level) {
   g_cpu_isa = std::max<int>(kIsaBase, std::min<int>(detected_cpu_isa(), static_cast<int>(level)));

@@ -78,7 +78,7 @@ class Model {
   }
 
   // Whether `kernel` gives each row of a call the same bits as the row alone or among fewer rows (at 1, 2, 3 and
-  // `rows` - 1 rows against `rows`): oneDNN's and the VNNI tiles' do; BLAS's small-matrix paths may not.
+  // `rows` - 1 rows against `rows`): oneDNN's and the int8 tiles' do; BLAS's small-matrix paths may not.
   static bool row_invariant(const Linear& p, int64_t kernel, int64_t rows) {
     Tensor x = at::randn({rows, p.weight.size(1)}, p.weight.options());
     const Tensor all = p.run(x, kernel);

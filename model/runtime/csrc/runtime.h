@@ -234,7 +234,7 @@ class Runtime : public Model {
                                         const std::vector<char>& ending, int64_t eos, int64_t pad) const {
     const int64_t rows = x.size(0), d = x.size(1);
     const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
-    // (N, V) logits, int8 ones not yet rescored; from the VNNI tiles with each row's 64-column maxima beside
+    // (N, V) logits, int8 ones not yet rescored; from the int8 tiles with each row's 64-column maxima beside
     const bool tiles = kernel == kTiles && output_.tiled && x.is_contiguous();
     std::vector<float> block_maxes(tiles ? rows * ((output_.tiled.out + kBlock - 1) / kBlock) : 0);
     Tensor out = tiles ? tile_linear(x, output_.tiled, output_.bias, false, output_.tiles, block_maxes.data())

@@ -100,29 +100,8 @@ AVX2_TARGET void quantize_rows_avx2(const float* x, int64_t rows, int64_t in, in
   }
 }
 
-// a0 += Σ pairs of maddubs(x, w0) (int16) in int32, a1 the same with w1. In that order, row by row: written as
-// intrinsics, GCC issued every row's products first and kept them all live, which spilled an accumulator and
-// added a copy per product (objdump; a third slower at 64 rows than this).
-AVX2_TARGET inline void multiply_add(__m256i& a0, __m256i& a1, __m256i x, __m256i w0, __m256i w1, __m256i ones) {
-#if defined(__GNUC__)
-  __m256i t0, t1;
-  __asm__(
-      "vpmaddubsw %[w0], %[x], %[t0]\n\t"
-      "vpmaddubsw %[w1], %[x], %[t1]\n\t"
-      "vpmaddwd %[ones], %[t0], %[t0]\n\t"
-      "vpmaddwd %[ones], %[t1], %[t1]\n\t"
-      "vpaddd %[t0], %[a0], %[a0]\n\t"
-      "vpaddd %[t1], %[a1], %[a1]"
-      : [a0] "+x"(a0), [a1] "+x"(a1), [t0] "=&x"(t0), [t1] "=&x"(t1)
-      : [x] "x"(x), [w0] "x"(w0), [w1] "x"(w1), [ones] "x"(ones));
-#else
-  a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones));
-  a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones));
-#endif
-}
-
-// R rows (at most 6) from `row` × the 16 columns of block `block` (two ymm halves of 8): Σ over the input in registers, then
-// scale, bias, SiLU and a store of the columns that exist; `top` takes each row's largest value.
+// R rows (at most 6) from `row` × the 16 columns of block `block` (two ymm halves of 8): Σ over the input in
+// registers, then scale, bias, SiLU and a store of the columns that exist; `top` takes each row's largest value.
 template <int R>
 AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block, __m256* top) {
   const int64_t groups = t.groups, a_stride = groups * 4, columns = t.columns;
@@ -140,7 +119,8 @@ AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block,
       int32_t four;
       std::memcpy(&four, a + r * a_stride + g * 4, 4);
       const __m256i x = _mm256_set1_epi32(four);
-      multiply_add(acc[r][0], acc[r][1], x, w0, w1, ones);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones));
     }
   }
   const __m256 minus_infinity = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
