@@ -24,14 +24,23 @@ from bench import SHARED_DATA, close_report
 from bench.trust import directions
 from model.errors import InputTooLongError
 from model.explanations.explain import teacher_forcing_inputs
-from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, translate_and_label
+from model.tokenizer import word_groups
+from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, label_by_own_median, translate_and_label
 from model.translator import Translator
 from model.trust import FAST_SIGNALS, FULL_SIGNALS, auc_gain_interval, fit_mode, roc_auc
 
-# signals measured for trust, not (yet) in its served score
-CANDIDATES = ("sent_std", "contrastive_logprob", "dropout_logprob", "dropout_variance")
+# signals measured for trust, not (yet) in its served score; reverse_*: the same read by the reverse model, the
+# translation as its source and the source as its output
+CANDIDATES = (
+    "sent_std", "contrastive_logprob", "dropout_logprob", "dropout_variance", "alti_t_mean", "alti_t_min",
+    "reverse_sent_std", "reverse_contrastive_logprob", "reverse_alti_t_mean", "reverse_alti_t_min",
+)
 # set before looking at any data: +1 where higher means better, -1 where lower does
-ORIENTATION = {"sent_std": -1, "contrastive_logprob": 1, "dropout_logprob": 1, "dropout_variance": -1}
+ORIENTATION = {
+    "sent_std": -1, "contrastive_logprob": 1, "dropout_logprob": 1, "dropout_variance": -1, "alti_t_mean": 1,
+    "alti_t_min": 1, "reverse_sent_std": -1, "reverse_contrastive_logprob": 1, "reverse_alti_t_mean": 1,
+    "reverse_alti_t_min": 1,
+}
 FITTED_ON = ("tatoeba", "hsk", "long")  # the sets a calibration may be fitted on (TICO-19 is test only)
 
 
@@ -39,20 +48,42 @@ def fitting_sets(held_out: str) -> list[str]:
     return [name for name in FITTED_ON if name != held_out]
 
 
-def add_candidates(model: Translator, items: list[Item]) -> None:
-    """The candidate signals (CANDIDATES) of each translation: Sent-Std, the spread of its token log-probabilities
-    (Fomicheva et al. 2020), and the contrastive log-probability, its mean token log-probability from the source
-    less that from an empty source (HalOmi), both teacher-forced through the exact model."""
+def read_signals(model: Translator, source: str, translation: str, prefix: str) -> dict[str, float]:
+    """What `model` reads in `translation` of `source`, teacher-forced through the exact model: Sent-Std, the
+    spread of its token log-probabilities (Fomicheva et al. 2020); the contrastive log-probability, its mean token
+    log-probability from the source less that from an empty source (HalOmi); and ALTI^T, how much of each source
+    word the output uses (ALTI+'s contribution of the word's pieces summed over the output tokens, over the output's
+    length; Dale et al. 2023), its mean and its minimum over the source's words."""
+    given = model.force(source, translation)
+    alone = model.force("", translation)
+    logprobs = [float(x) for x in given.token_logprobs] or [0.0]
+    mean = sum(logprobs) / len(logprobs)
+    empty = [float(x) for x in alone.token_logprobs] or [0.0]
+    contributions = model.attribute(list(given.source_ids), list(given.target_ids), "alti_plus").source.sum(0)
+    used = len(given.target_ids) or 1
+    words = [  # source words without the end-of-sentence piece
+        [index for index in group if given.source_tokens[index] != "</s>"] for group in word_groups(given.source_tokens)
+    ]
+    per_word = [float(contributions[group].sum()) / used for group in words if group] or [0.0]
+    return {
+        f"{prefix}sent_std": math.sqrt(sum((x - mean) ** 2 for x in logprobs) / len(logprobs)),
+        f"{prefix}contrastive_logprob": mean - sum(empty) / len(empty),
+        f"{prefix}alti_t_mean": sum(per_word) / len(per_word),
+        f"{prefix}alti_t_min": min(per_word),
+    }
+
+
+def add_candidates(model: Translator, reverse: Translator, items: list[Item]) -> None:
+    """The candidate signals of each translation read by the model (read_signals) and, the other way round, by the
+    reverse model. A translation re-tokenized past a model's positions gives no evidence: its signals are 0."""
     for item in items:
-        logprobs = item.token_logprobs or [0.0]
-        mean = sum(logprobs) / len(logprobs)
-        item.signals["sent_std"] = math.sqrt(sum((x - mean) ** 2 for x in logprobs) / len(logprobs))
-        try:
-            given = model.force(item.source, item.translation).token_logprobs
-            alone = model.force("", item.translation).token_logprobs
-        except InputTooLongError:  # the translation re-tokenized runs past the model's positions: no evidence
-            given = alone = [0.0]
-        item.signals["contrastive_logprob"] = sum(given) / len(given) - sum(alone) / len(alone)
+        for reader, source, output, prefix in ((model, item.source, item.translation, ""),
+                                               (reverse, item.translation, item.source, "reverse_")):
+            try:
+                item.signals.update(read_signals(reader, source, output, prefix))
+            except InputTooLongError:
+                item.signals.update({f"{prefix}{name}": 0.0 for name in
+                                     ("sent_std", "contrastive_logprob", "alti_t_mean", "alti_t_min")})
 
 
 def add_dropout_signals(model: Translator, items: list[Item], copies: int, seed: int) -> None:
@@ -160,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         source_language, target_language = name.split("-")
         items = held_out_sets(args.data, source_language, target_language, model, args.seed, args.limit)
         timing = translate_and_label(items, model, reverse, target_language)
+        thresholds = label_by_own_median(items)
         if args.candidates:
-            add_candidates(model, items)
+            add_candidates(model, reverse, items)
             add_dropout_signals(model, items, args.dropout_copies, args.seed)
         report["models"][name] = {
             "path": str(path),
             "weights_digest": model.weights_digest,
+            "own_median_chrf": {name: round(value, 2) for name, value in thresholds.items()},
             "held_out": evaluate(items, args.rounds, args.seed, args.candidates),
             "seconds": timing["seconds"],
         }

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from model import Translator
-from model.training.trust_data import HELD_OUT_SETS, held_out_sets
+from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, label_by_own_median
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
@@ -68,3 +68,16 @@ def test_a_perturbed_copy_keeps_its_source_group(items):
             assert item.set == source.set
             if item.perturbation in ("rare", "doubled"):
                 assert source.source in item.source
+
+
+def test_an_out_of_domain_set_is_labelled_against_its_own_median_chrf():
+    # TICO-19 is judged within itself: the better half by chrF is good (an oscillating one never), the other sets
+    # keep the labels they had
+    chrfs = [12.0, 30.0, 18.0, 25.0, 40.0, 9.0]
+    items = [Item("s", ["r"], "clean", chrf=c, set="tico19", good=0) for c in chrfs]
+    items[4].oscillates = True
+    other = Item("s", ["r"], "clean", chrf=5.0, set="tatoeba", good=1)
+    thresholds = label_by_own_median([*items, other])
+    assert thresholds == {"tico19": (18.0 + 25.0) / 2}
+    assert [item.good for item in items] == [0, 1, 0, 1, 0, 0]
+    assert other.good == 1
