@@ -35,9 +35,6 @@ int int8_tiles() {
 
 const char* int8_tiles_name(int tiles) { return tiles == kTilesVnni ? "vnni" : tiles == kTilesAvx2 ? "avx2" : ""; }
 
-// The codes' largest value: 255 for the VNNI tiles, 127 for the AVX2 ones.
-inline int32_t tile_levels(int tiles) { return tiles == kTilesAvx2 ? 127 : 255; }
-
 #if HAVE_AVX2_INT8_KERNEL
 AVX2_TARGET inline float lanes_min(__m256 v) {
   __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
