@@ -31,11 +31,12 @@ from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, label_
 from model.translator import Translator
 from model.trust import FAST_SIGNALS, FULL_SIGNALS, auc_gain_interval, fit_mode, roc_auc
 
+READ_SIGNALS = ("sent_std", "contrastive_logprob", "alti_t_mean", "alti_t_min")  # read_signals' names
 # signals measured for trust, not (yet) in its served score; reverse_*: the same read by the reverse model, the
 # translation as its source and the source as its output
 CANDIDATES = (
     "sent_std", "contrastive_logprob", "dropout_logprob", "dropout_variance", "alti_t_mean", "alti_t_min",
-    "reverse_sent_std", "reverse_contrastive_logprob", "reverse_alti_t_mean", "reverse_alti_t_min",
+    *(f"reverse_{name}" for name in READ_SIGNALS),
 )
 # set before looking at any data: +1 where higher means better, -1 where lower does
 ORIENTATION = {
@@ -67,12 +68,13 @@ def read_signals(model: Translator, source: str, translation: str, prefix: str) 
         [index for index in group if given.source_tokens[index] != "</s>"] for group in word_groups(given.source_tokens)
     ]
     per_word = [float(contributions[group].sum()) / used for group in words if group] or [0.0]
-    return {
-        f"{prefix}sent_std": math.sqrt(sum((x - mean) ** 2 for x in logprobs) / len(logprobs)),
-        f"{prefix}contrastive_logprob": mean - sum(empty) / len(empty),
-        f"{prefix}alti_t_mean": sum(per_word) / len(per_word),
-        f"{prefix}alti_t_min": min(per_word),
-    }
+    values = (
+        math.sqrt(sum((x - mean) ** 2 for x in logprobs) / len(logprobs)),
+        mean - sum(empty) / len(empty),
+        sum(per_word) / len(per_word),
+        min(per_word),
+    )
+    return {f"{prefix}{name}": value for name, value in zip(READ_SIGNALS, values, strict=True)}
 
 
 def add_candidates(model: Translator, reverse: Translator, items: list[Item]) -> None:
@@ -84,8 +86,7 @@ def add_candidates(model: Translator, reverse: Translator, items: list[Item]) ->
             try:
                 item.signals.update(read_signals(reader, source, output, prefix))
             except InputTooLongError:
-                item.signals.update({f"{prefix}{name}": 0.0 for name in
-                                     ("sent_std", "contrastive_logprob", "alti_t_mean", "alti_t_min")})
+                item.signals.update({f"{prefix}{name}": 0.0 for name in READ_SIGNALS})
 
 
 def add_dropout_signals(model: Translator, items: list[Item], copies: int, seed: int) -> None:

@@ -11,6 +11,7 @@ odd ones test it, so bench.trust scores translations the fit never saw.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -139,9 +140,7 @@ def label_by_own_median(items: list[Item], sets: tuple[str, ...] = OWN_THRESHOLD
         members = [item for item in items if item.set == name]
         if not members:
             continue
-        scores = sorted(item.chrf for item in members)
-        middle = len(scores) // 2
-        thresholds[name] = scores[middle] if len(scores) % 2 else (scores[middle - 1] + scores[middle]) / 2
+        thresholds[name] = statistics.median(item.chrf for item in members)
         for item in members:
             item.good = int(item.chrf >= thresholds[name] and not item.oscillates)
     return thresholds

@@ -13,14 +13,32 @@ import sys
 import time
 from pathlib import Path
 
+from model import cpu_isa
+
+ROOT = Path(__file__).resolve().parents[2]
+
 _handed_out: set[int] = set()
 
 
-def python_output(script: str, timeout_s: float = 120) -> str:
-    """The stripped stdout of `script` run by this Python in a fresh interpreter (raises if it fails)."""
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
-    assert result.returncode == 0, result.stderr[-2000:]
+def python_output(script: str, timeout_s: float = 120, env: dict[str, str] | None = None) -> str:
+    """The stripped stdout of `script` run by this Python in a fresh interpreter at the repository root (so it may
+    import the tests), with `env` (default: this process's) (raises if it fails)."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
+
+
+def held_to(isa: str, **more: str) -> dict[str, str]:
+    """This process's environment for a child held to `isa` by TRANSLATE_CPU_ISA alone: the libraries' own limits
+    (model.cpu_isa.LIBRARY_ENV) and TRANSLATE_RUNTIME left for it to derive, plus `more`."""
+    from model.runtime import RUNTIME_ENV  # torch: only where a child is held to an instruction set
+
+    env = {**os.environ, cpu_isa.ISA_ENV: isa, **more}
+    for name in (*cpu_isa.LIBRARY_ENV.get(isa, {}), RUNTIME_ENV):
+        env.pop(name, None)
+    return env
 
 
 def free_port() -> int:

@@ -13,9 +13,6 @@ which agrees with int8 maps to the bounds docs/explanations.md states, measured 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ from model import Translator
 from model.explanations.alignment import alignment_matrix
 from model.explanations.explain import forced_decode
 from model.runtime import compiled_extension
+from tests.harness.processes import held_to, python_output
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}
@@ -96,15 +94,8 @@ def test_a_text_decodes_the_same_alone_and_in_batches_on_the_avx2_int8_tiles(nam
         f"print('TILES', Translator.from_pretrained({name!r}, device='cpu', dtype='int8').runtime_info['int8_tiles'])\n"
         f"print('DIFFERING', json.dumps(differing_in_batches({name!r}, 'int8')))\n"
     )
-    env = {**os.environ, "TRANSLATE_CPU_ISA": "avx2"}
-    for variable in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
-        env.pop(variable, None)
-    root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("TILES", "DIFFERING")))
+    output = python_output(script, 600, held_to("avx2"))
+    lines = dict(line.split(" ", 1) for line in output.splitlines() if line.startswith(("TILES", "DIFFERING")))
     assert lines["TILES"] == "avx2"
     for batch, differing in json.loads(lines["DIFFERING"]).items():
         assert differing == [], f"{len(differing)} of {SENTENCES} texts decode differently in batches of {batch}"

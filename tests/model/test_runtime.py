@@ -26,6 +26,7 @@ from model.runtime import RUNTIME_ENV, CompiledStep, EagerStep, compiled_extensi
 from model.runtime.extension import KERNELS, QUANTIZED
 from model.runtime.step import reduce_range
 from model.transformer import Transformer
+from tests.harness.processes import held_to, python_output
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = 0
@@ -321,20 +322,14 @@ def test_the_avx2_path_asked_for_on_any_x86_cpu_runs_at_avx2_and_decodes_as_the_
         "        alone = beam_search(model, [source], options, step=int8)[0]\n"
         "        assert [h.token_ids for h in alone] == [h.token_ids for h in batched], options\n"
     )
-    env = {**os.environ, "TRANSLATE_CPU_ISA": "avx2", "ONEDNN_VERBOSE": "1"}
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", RUNTIME_ENV):
-        env.pop(name, None)
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(("ISA", "FBGEMM", "INFO"))]
+    output = python_output(script, 600, held_to("avx2", ONEDNN_VERBOSE="1"))
+    lines = [line for line in output.splitlines() if line.startswith(("ISA", "FBGEMM", "INFO"))]
     assert lines[0] == "ISA 2 AVX2", lines
     # fbgemm at AVX2 too: 8-bit activations (255) times weights of 127 summed in pairs overflow vpmaddubsw's int16
     # (AVX2), not vpdpbusd's int32 (VNNI): the exact 254 comes back only from a VNNI kernel
     assert float(lines.pop(1).split()[1]) < 100, lines
     assert lines[1].startswith("INFO avx2 avx2 "), lines  # the level, then the int8 tiles: AVX2's, not VNNI's
-    assert "isa:Intel AVX2" in result.stdout.replace("onednn_verbose,v1,info,cpu,", "")  # oneDNN's own report
+    assert "isa:Intel AVX2" in output.replace("onednn_verbose,v1,info,cpu,", "")  # oneDNN's own report
 
 
 def test_an_unknown_cpu_isa_is_refused_by_name():

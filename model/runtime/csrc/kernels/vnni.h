@@ -13,7 +13,7 @@ namespace {
 // int32 output as floats that the per-row scale pass reads once more, it makes one pass over x and none over the
 // output: at a text's four beam rows its fixed cost per call is what the matmul costs (perf: requantization alone
 // was 6 % of a 16-text int8 decode). Built for CPUs with VNNI only and chosen where it times faster on the weights
-// (Runtime::choose); elsewhere fbgemm's kernel stays.
+// (Runtime::choose); elsewhere the AVX2 tiles (kernels/avx2_int8.h) are timed against fbgemm's kernel instead.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_VNNI_KERNEL 1
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
