@@ -12,20 +12,27 @@ every score here is a refit.
 
     python -m bench.trust_heldout                   # both shipped models; writes bench/results/trust-heldout.json
     python -m bench.trust_heldout --limit 80        # the first 80 sources of each set (a quick look)
+    python -m bench.trust_heldout --cache /tmp/th   # resumable: each direction's translations and signals kept
+                                                    # there as they are measured, and read back on a rerun
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from bench import SHARED_DATA, close_report
 from bench.trust import directions
 from model.errors import InputTooLongError
 from model.explanations.explain import teacher_forcing_inputs
+from model.options import DecodingOptions
 from model.tokenizer import word_groups
 from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, label_by_own_median, translate_and_label
 from model.translator import Translator
@@ -36,14 +43,17 @@ READ_SIGNALS = ("sent_std", "contrastive_logprob", "alti_t_mean", "alti_t_min") 
 # translation as its source and the source as its output
 CANDIDATES = (
     "sent_std", "contrastive_logprob", "dropout_logprob", "dropout_variance", "alti_t_mean", "alti_t_min",
-    *(f"reverse_{name}" for name in READ_SIGNALS),
+    *(f"reverse_{name}" for name in READ_SIGNALS), "reverse_dropout_logprob", "reverse_dropout_variance",
+    "nbest_margin", "nbest_agreement", "round_trip_chrf",
 )
 # set before looking at any data: +1 where higher means better, -1 where lower does
 ORIENTATION = {
     "sent_std": -1, "contrastive_logprob": 1, "dropout_logprob": 1, "dropout_variance": -1, "alti_t_mean": 1,
     "alti_t_min": 1, "reverse_sent_std": -1, "reverse_contrastive_logprob": 1, "reverse_alti_t_mean": 1,
-    "reverse_alti_t_min": 1,
+    "reverse_alti_t_min": 1, "reverse_dropout_logprob": 1, "reverse_dropout_variance": -1, "nbest_margin": 1,
+    "nbest_agreement": 1, "round_trip_chrf": 1,
 }
+BATCH = 32  # texts per decode where a stage decodes
 FITTED_ON = ("tatoeba", "hsk", "long")  # the sets a calibration may be fitted on (TICO-19 is test only)
 
 
@@ -89,29 +99,147 @@ def add_candidates(model: Translator, reverse: Translator, items: list[Item]) ->
                 item.signals.update({f"{prefix}{name}": 0.0 for name in READ_SIGNALS})
 
 
-def add_dropout_signals(model: Translator, items: list[Item], copies: int, seed: int) -> None:
+def dropout_means(model: Translator, source_ids: list[int], target_ids: list[int], copies: int) -> Tensor:
+    """The mean token log-probability of `target_ids` after `source_ids` in each of `copies` teacher-forced passes of
+    the exact model, batched as copies (its dropout on: the caller's train mode and seed)."""
+    network = model.exact_model
+    source, mask, decoder_input = teacher_forcing_inputs(network, source_ids, target_ids)
+    encoder = network.encode(source.repeat(copies, 1), mask.repeat(copies, 1))
+    hidden, _ = network.decode(decoder_input.repeat(copies, 1), encoder)
+    logprobs = torch.log_softmax(network.logits(hidden).float(), dim=-1)
+    chosen = logprobs.gather(2, torch.tensor(target_ids)[None, :, None].expand(copies, -1, 1))[..., 0]
+    return chosen.mean(1).double()
+
+
+def add_dropout_signals(
+    model: Translator, items: list[Item], copies: int, seed: int, reverse: Translator | None = None
+) -> None:
     """D-TP and D-Var (Fomicheva et al. 2020): the mean and the variance, over `copies` teacher-forced passes of
     the exact model with its dropout on (one batch of copies per translation, seeded), of the translation's mean
-    token log-probability. The model is put back in eval mode after (bench use only: not thread-safe)."""
-    network = model.exact_model
+    token log-probability. With `reverse`: the same of the source read back by the reverse model from the
+    translation (reverse_dropout_*; 0 where the translation is past its positions). The model is put back in eval
+    mode after (bench use only: not thread-safe)."""
+    reader, prefix = (model, "") if reverse is None else (reverse, "reverse_")
+    network = reader.exact_model
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    network.train()
     try:
         with torch.no_grad():
             for item in items:
-                source_ids, target_ids = item.ids
-                source, mask, decoder_input = teacher_forcing_inputs(network, source_ids, target_ids)
-                encoder = network.encode(source.repeat(copies, 1), mask.repeat(copies, 1))
-                hidden, _ = network.decode(decoder_input.repeat(copies, 1), encoder)
-                logprobs = torch.log_softmax(network.logits(hidden).float(), dim=-1)
-                chosen = logprobs.gather(2, torch.tensor(target_ids)[None, :, None].expand(copies, -1, 1))[..., 0]
-                means = chosen.mean(1).double()
-                item.signals["dropout_logprob"] = float(means.mean())
-                item.signals["dropout_variance"] = float(means.var(unbiased=False))
+                if reverse is None:
+                    source_ids, target_ids = item.ids
+                else:
+                    try:
+                        forced = reverse.force(item.translation, item.source)
+                    except InputTooLongError:
+                        item.signals.update({f"{prefix}dropout_logprob": 0.0, f"{prefix}dropout_variance": 0.0})
+                        continue
+                    source_ids, target_ids = list(forced.source_ids), list(forced.target_ids)
+                network.train()
+                means = dropout_means(reader, source_ids, target_ids, copies)
+                network.eval()
+                item.signals[f"{prefix}dropout_logprob"] = float(means.mean())
+                item.signals[f"{prefix}dropout_variance"] = float(means.var(unbiased=False))
     finally:
         network.eval()
         torch.random.set_rng_state(generator_state)
+
+
+def add_nbest_signals(model: Translator, items: list[Item], beam_size: int = 4) -> None:
+    """What the beam search itself says beside its best hypothesis, at no extra decode in a service (the beam's
+    other finished hypotheses are already there): nbest_margin, the best hypothesis's mean token log-probability
+    less the runner-up's; nbest_agreement, the mean sentence chrF of the best against each other hypothesis (the
+    n-best form of Fomicheva et al. 2020's lexical similarity of dropout hypotheses). Decoded again with
+    n_best = beam_size; the best must be the translation labelled (batch-invariant decoding)."""
+    import sacrebleu  # a training-time dependency only
+
+    options = DecodingOptions(beam_size=beam_size, n_best=beam_size)
+    for first in range(0, len(items), BATCH):
+        chunk = items[first : first + BATCH]
+        translations = model.translate([item.source for item in chunk], options)
+        for item, best in zip(chunk, translations, strict=True):
+            if list(best.target_ids) != item.ids[1]:
+                raise RuntimeError(f"the n-best decode's best differs from the translation of {item.source!r}")
+            others = best.alternatives
+            mean = sum(best.token_logprobs) / max(1, len(best.token_logprobs))
+            runner_up = (
+                sum(others[0].token_logprobs) / max(1, len(others[0].token_logprobs)) if others else mean - 10.0
+            )
+            item.signals["nbest_margin"] = float(mean - runner_up)
+            item.signals["nbest_agreement"] = (
+                sum(sacrebleu.sentence_chrf(other.text, [best.text]).score for other in others) / len(others)
+                if others else 100.0
+            )
+
+
+def add_round_trip(reverse: Translator, items: list[Item], beam_size: int = 4) -> None:
+    """round_trip_chrf: sentence chrF of the reverse model's translation of the translation (beam `beam_size`)
+    against the source (Moon et al. 2020's round-trip quality estimation); 0 past the reverse model's positions."""
+    import sacrebleu  # a training-time dependency only
+
+    options = DecodingOptions(beam_size=beam_size)
+    for first in range(0, len(items), BATCH):
+        chunk = items[first : first + BATCH]
+        fits = []
+        for item in chunk:
+            try:
+                fits.append(reverse.encode_source([item.translation])[0])
+            except InputTooLongError:
+                fits.append(None)
+        readable = [item for item, ids in zip(chunk, fits, strict=True) if ids is not None]
+        back = reverse.translate(
+            [item.translation for item in readable], options, source_ids=[ids for ids in fits if ids is not None]
+        )
+        for item in chunk:
+            item.signals["round_trip_chrf"] = 0.0
+        for item, translation in zip(readable, back, strict=True):
+            item.signals["round_trip_chrf"] = sacrebleu.sentence_chrf(translation.text, [item.source]).score
+
+
+# Candidate stages: name → (the signals it adds, what measures them from (model, reverse, items, copies, seed))
+STAGES = {
+    "read": (
+        (*READ_SIGNALS, *(f"reverse_{name}" for name in READ_SIGNALS)),
+        lambda model, reverse, items, copies, seed: add_candidates(model, reverse, items),
+    ),
+    "dropout": (
+        ("dropout_logprob", "dropout_variance"),
+        lambda model, reverse, items, copies, seed: add_dropout_signals(model, items, copies, seed),
+    ),
+    "reverse_dropout": (
+        ("reverse_dropout_logprob", "reverse_dropout_variance"),
+        lambda model, reverse, items, copies, seed: add_dropout_signals(model, items, copies, seed, reverse),
+    ),
+    "nbest": (
+        ("nbest_margin", "nbest_agreement"),
+        lambda model, reverse, items, copies, seed: add_nbest_signals(model, items),
+    ),
+    "round_trip": (
+        ("round_trip_chrf",),
+        lambda model, reverse, items, copies, seed: add_round_trip(reverse, items),
+    ),
+}
+
+
+def load_items(path: Path, digests: list[str]) -> list[Item] | None:
+    """The items a previous run kept at `path`, if made by the same weights (both directions' digests)."""
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if kept.get("digests") != digests:
+        return None
+    items = [Item(**fields) for fields in kept["items"]]
+    for item in items:
+        item.ids = tuple(item.ids) if item.ids is not None else None
+    return items
+
+
+def keep_items(path: Path | None, digests: list[str], items: list[Item]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"digests": digests, "items": [asdict(item) for item in items]}))
+        temporary.replace(path)
 
 
 def signal_sets(candidates: bool) -> dict[str, tuple[tuple[str, ...], str]]:
@@ -187,17 +315,26 @@ def main(argv: list[str] | None = None) -> int:
         help="also the candidate signals (CANDIDATES), alone and added to the served ones",
     )
     parser.add_argument("--dropout-copies", type=int, default=8, help="D-TP's passes with dropout on (N)")
+    parser.add_argument("--cache", help="a folder keeping each direction's labelled translations and signals")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     report: dict = {"command": " ".join(["python -m bench.trust_heldout", *sys.argv[1:]]), "models": {}}
     for name, path, model, reverse in directions(args.models, args.dtype):
         source_language, target_language = name.split("-")
-        items = held_out_sets(args.data, source_language, target_language, model, args.seed, args.limit)
-        timing = translate_and_label(items, model, reverse, target_language)
+        digests = [model.weights_digest, reverse.weights_digest]
+        cache = Path(args.cache) / f"{name}-{args.limit or 'all'}-{args.seed}.json" if args.cache else None
+        items = load_items(cache, digests) if cache else None
+        timing = {"seconds": None}
+        if items is None:
+            items = held_out_sets(args.data, source_language, target_language, model, args.seed, args.limit)
+            timing = translate_and_label(items, model, reverse, target_language)
+            keep_items(cache, digests, items)
         thresholds = label_by_own_median(items)
         if args.candidates:
-            add_candidates(model, reverse, items)
-            add_dropout_signals(model, items, args.dropout_copies, args.seed)
+            for names, measure in STAGES.values():
+                if not all(signal in item.signals for item in items for signal in names):
+                    measure(model, reverse, items, args.dropout_copies, args.seed)
+                    keep_items(cache, digests, items)
         report["models"][name] = {
             "path": str(path),
             "weights_digest": model.weights_digest,
