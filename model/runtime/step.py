@@ -172,7 +172,7 @@ class CompiledStep:
         # where each parameter sits, listed once: reading the slots per decode costs microseconds, walking the
         # module tree (model.parameters()) about a millisecond, a tenth of a short text's decode
         self._slots = [(module._parameters, name) for module in model.modules() for name in module._parameters]
-        self._stamp = _weights_stamp(self._slots)
+        self._stamp = self._weights_stamp()
         config = model.config
         int8 = precision == "int8"
         reduce = reduce_range(extension)
@@ -243,9 +243,15 @@ class CompiledStep:
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
         self.info.reason = f"every matmul on {kernel} (forced)"
 
+    def _weights_stamp(self) -> int:
+        """Which tensor each parameter slot holds, where it lives and how often it was changed in place, as one
+        number (the extension's weights_stamp): equal stamps, equal weights (a parameter replaced, moved or updated
+        in place changes it)."""
+        return self.extension.weights_stamp([parameters.get(name) for parameters, name in self._slots])
+
     def refresh(self) -> None:
         """Copy the weights again if the model's changed since (an optimizer step, load_state_dict in place)."""
-        if _weights_stamp(self._slots) != self._stamp:
+        if self._weights_stamp() != self._stamp:
             logger.info("decoding runtime: the model's weights changed; copying them again")
             self.__init__(self.model, self.extension, self.precision, self._choose)
 
@@ -299,23 +305,6 @@ def reduce_range(extension) -> bool:
     """Whether int8 activations keep 7 bits, not 8: where the CPU has no AVX-512 VNNI, u8·s8 pairs summed in
     fbgemm's int16 intermediates could saturate with 8 (the compiled step's probe, the one CPU feature check)."""
     return not extension.has_vnni()
-
-
-def _weights_stamp(slots: list[tuple[dict, str]]) -> tuple:
-    """Which tensor each parameter slot holds, where it lives and how often it was changed in place: equal stamps,
-    equal weights (a parameter replaced, moved or updated in place changes the stamp)."""
-    stamp = []
-    for parameters, name in slots:
-        parameter = parameters.get(name)
-        if parameter is None:
-            stamp.append(None)
-            continue
-        try:
-            version = parameter._version
-        except RuntimeError:  # an inference tensor: never updated in place
-            version = 0
-        stamp.append((id(parameter), parameter.data_ptr(), version))
-    return tuple(stamp)
 
 
 def _timings(row: list[float]) -> dict:
