@@ -17,182 +17,37 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import sentencepiece
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from model.checkpoint import load_state, save_model
 from model.config import ModelConfig
-from model.tokenizer import EOS, PAD, UNK, MarianTokenizer
+from model.tokenizer import EOS, PAD, MarianTokenizer
 from model.training.data import collate, dev_references, read_pairs
 from model.training.evaluate import evaluate
+from model.training.guided_alignment import (
+    AlignmentMonitor,
+    guide_tensor,
+    guided_alignment_loss,
+    load_guides,
+    resolve_alignment_head,
+)
+from model.training.options import TrainingOptions
+from model.training.vocabulary import guess_language, prepare_tokenizer
 from model.transformer import Transformer
 
 logger = logging.getLogger("model.training.train")
 SAVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": None}
 
 
-@dataclass
-class TrainingOptions:
-    train: str
-    dev: str | None
-    work: str
-    output: str | None
-    source_column: int = 0
-    target_column: int = 1
-    source_vocab_size: int = 8000
-    target_vocab_size: int = 8000
-    source_character_coverage: float = 1.0
-    target_character_coverage: float = 0.9995
-    # "unigram" (word-respecting pieces: never across a space) or "char" (one piece per character: for
-    # Chinese, a piece then never spans two words of any segmentation).
-    source_model_type: str = "unigram"
-    target_model_type: str = "unigram"
-    d_model: int = 256
-    heads: int = 4
-    ffn_dim: int = 1024
-    encoder_layers: int = 6
-    decoder_layers: int = 3
-    activation: str = "swish"
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    label_smoothing: float = 0.1
-    learning_rate: float = 1e-3
-    warmup_steps: int = 500
-    batch_tokens: int = 2000
-    max_length: int = 96
-    clip_norm: float = 1.0
-    epochs: int = 30
-    max_steps: int = 0
-    max_minutes: float = 0.0
-    average_last: int = 3
-    bleu_tokenize: str = "13a"
-    eval_limit: int = 0
-    seed: int = 1234
-    threads: int = 0
-    bf16: bool = False
-    checkpoint_minutes: float = 10.0
-    save_dtype: str = "float16"
-    joint_vocab: bool = True
-    export_only: bool = False
-    epoch_eval_limit: int = 0
-    init_from: str = ""
-    # With --init-from: train new tokenizers on this data instead of reusing the model's, and carry over
-    # the embedding rows (and logit biases) of every piece both vocabularies share; new pieces start fresh.
-    retokenize: bool = False
-    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): pull one cross-attention head
-    # toward word links of the training pairs (model.training.statistical_alignment's train.jsonl).
-    guided_alignment: str = ""
-    guided_alignment_weight: float = 0.1
-    alignment_layer: int = -1  # -1: the penultimate decoder layer
-    alignment_head: int = 0  # -1: the layer's head average
-    alignment_shift: bool = False  # guide target token t at the step where t is the decoder's input
-    alignment_dev: str = ""  # eflomal links of dev pairs (dev.jsonl): in-domain AER per epoch
-    alignment_gold: str = ""  # human gold directory: gold AER per epoch
-    source_language: str = ""  # "en", "zh", …; empty: guessed from the training sources' script
-
-
 # ---- data ---------------------------------------------------------------------------
-def train_sentencepiece(
-    texts: list[str], path: Path, vocab_size: int, coverage: float, spaced: bool = True, model_type: str = "unigram"
-) -> None:
-    """A sentencepiece model with <unk> only (Marian's vocab.json supplies </s> and <pad>).
-
-    model_type "unigram" learns word-respecting pieces; "char" keeps one piece per character seen in at
-    least `coverage` of the text (vocab_size is then only an upper bound).
-
-    Deterministic for the same texts (one thread; sentencepiece takes no seed), so --seed needs no part here.
-    For a language written without spaces (spaced=False: Chinese) no "▁" is put before the text, so a
-    sentence does not start with a lone "▁" piece the model must learn to write.
-    """
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=str(path.with_suffix("")),
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=coverage,
-        unk_id=0,
-        bos_id=-1,
-        eos_id=-1,
-        pad_id=-1,
-        hard_vocab_limit=False,
-        add_dummy_prefix=spaced,
-        minloglevel=2,
-        num_threads=1,
-    )
-    path.with_suffix(".model").rename(path)
-    path.with_suffix(".vocab").unlink(missing_ok=True)
 
 
-def marian_vocab(spm_path: Path) -> dict[str, int]:
-    """</s>=0, <unk>=1, <pad>=2, then every sentencepiece piece in order."""
-    processor = sentencepiece.SentencePieceProcessor()
-    processor.Load(str(spm_path))
-    vocab = {EOS: 0, UNK: 1, PAD: 2}
-    for index in range(processor.GetPieceSize()):
-        piece = processor.IdToPiece(index)
-        if piece not in vocab:
-            vocab[piece] = len(vocab)
-    return vocab
 
 
-def prepare_tokenizer(options: TrainingOptions, pairs: list[tuple[str, str]], work: Path) -> MarianTokenizer:
-    spm_dir = work / "tokenizer"
-    spm_dir.mkdir(parents=True, exist_ok=True)
-    if options.init_from and not options.retokenize:
-        # Continue from an exported model: its tokenizers and vocabulary, unchanged.
-        origin = Path(options.init_from)
-        for name in ("source.spm", "target.spm"):
-            if not (spm_dir / name).exists():
-                shutil.copy(origin / name, spm_dir / name)
-        if options.joint_vocab and not (spm_dir / "joint_vocab.json").exists():
-            shutil.copy(origin / "vocab.json", spm_dir / "joint_vocab.json")
-    for side, index, size, coverage, model_type in (
-        ("source", 0, options.source_vocab_size, options.source_character_coverage, options.source_model_type),
-        ("target", 1, options.target_vocab_size, options.target_character_coverage, options.target_model_type),
-    ):
-        path = spm_dir / f"{side}.spm"
-        if not path.exists():
-            logger.info("training %s sentencepiece model (%s, up to %d pieces)", side, model_type, size)
-            texts = [pair[index] for pair in pairs]
-            spaced = guess_language(texts[:200]) != "zh"
-            train_sentencepiece(texts, path, size, coverage, spaced, model_type)
-    if options.joint_vocab:
-        vocab_path = spm_dir / "joint_vocab.json"
-        if not vocab_path.exists():
-            vocab_path.write_text(json.dumps(joint_vocab(spm_dir), ensure_ascii=False), encoding="utf-8")
-        source_vocab = target_vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    else:
-        vocabs = []
-        for side in ("source", "target"):
-            vocab_path = spm_dir / f"{side}_vocab.json"
-            if not vocab_path.exists():
-                vocab_path.write_text(
-                    json.dumps(marian_vocab(spm_dir / f"{side}.spm"), ensure_ascii=False), encoding="utf-8"
-                )
-            vocabs.append(json.loads(vocab_path.read_text(encoding="utf-8")))
-        source_vocab, target_vocab = vocabs
-    load = sentencepiece.SentencePieceProcessor
-    source_spm, target_spm = load(), load()
-    source_spm.Load(str(spm_dir / "source.spm"))
-    target_spm.Load(str(spm_dir / "target.spm"))
-    return MarianTokenizer(source_spm, target_spm, source_vocab, target_vocab)
 
 
-def joint_vocab(spm_dir: Path) -> dict[str, int]:
-    """One vocabulary for both sides in the OPUS-MT layout: </s>=0, <unk>=1, pieces, <pad> last.
-
-    This is the layout CTranslate2's Marian converter expects (it drops the last row as <pad>
-    and starts the decoder from a zero embedding).
-    """
-    vocab = {EOS: 0, UNK: 1}
-    for side in ("source", "target"):
-        for piece in marian_vocab(spm_dir / f"{side}.spm"):
-            if piece not in (EOS, UNK, PAD):
-                vocab.setdefault(piece, len(vocab))
-    vocab[PAD] = len(vocab)
-    return vocab
 
 
 def make_batches(examples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -211,127 +66,6 @@ def make_batches(examples: list[tuple[list[int], list[int]]], batch_tokens: int,
         batches.append(current)
     rng.shuffle(batches)
     return batches
-
-
-def load_guides(path: str, pairs: list[tuple[str, str]], tokenizer: MarianTokenizer) -> list[list[tuple[int, int]]]:
-    """Piece-level guide links (source piece, target piece) for every training pair, </s> with </s>.
-
-    `path` holds one JSON line per pair of the training file, in its order, with the English and
-    Chinese texts, their word spans and the word links [en_word, zh_word].
-    """
-    from model.training.gold import piece_guide, piece_spans, pieces_to_words
-
-    with open(path, encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle]
-    if len(records) != len(pairs):
-        raise ValueError(f"{path} has {len(records)} lines for {len(pairs)} training pairs")
-    guides = []
-    for number, ((source, target), record) in enumerate(zip(pairs, records), start=1):
-        links = [tuple(link) for link in record["links"]]
-        if (record["en"], record["zh"]) == (source, target):
-            source_words, target_words = record["en_words"], record["zh_words"]
-        elif (record["zh"], record["en"]) == (source, target):
-            source_words, target_words = record["zh_words"], record["en_words"]
-            links = [(b, a) for a, b in links]
-        else:
-            raise ValueError(f"{path} line {number} is not the training file's pair {number}")
-        source_spans = piece_spans(tokenizer.source_spm, source)
-        target_spans = piece_spans(tokenizer.target_spm, target)
-        guide = piece_guide(
-            links, pieces_to_words(source_spans, source_words), pieces_to_words(target_spans, target_words)
-        )
-        guides.append([*guide, (len(source_spans), len(target_spans))])  # </s> ↔ </s>
-    return guides
-
-
-def guide_tensor(
-    guides: list[list[tuple[int, int]]], source_width: int, target_width: int, shift: bool = False
-) -> torch.Tensor:
-    """(B, T, S) guide: each target row with links spreads 1 evenly over its linked source pieces.
-
-    With `shift`, target token t's links guide row t + 1, the step where t is the decoder's input.
-    """
-    guide = torch.zeros(len(guides), target_width, source_width)
-    for row, links in enumerate(guides):
-        for source, target in links:
-            target += int(shift)
-            if source < source_width and target < target_width:
-                guide[row, target, source] = 1.0
-    return guide / guide.sum(dim=-1, keepdim=True).clamp_min(1.0)
-
-
-def guided_alignment_loss(attention: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the guide against the attention, averaged over target rows that have links."""
-    rows = (guide.sum(dim=-1) > 0).sum().clamp_min(1)
-    return -(guide * torch.log(attention.float() + 1e-6)).sum() / rows
-
-
-def resolve_alignment_head(options: TrainingOptions, config: ModelConfig) -> tuple[int, int | None]:
-    layer = options.alignment_layer if options.alignment_layer >= 0 else max(0, config.decoder_layers - 2)
-    return layer, (options.alignment_head if options.alignment_head >= 0 else None)
-
-
-# ---- evaluation ----------------------------------------------------------------------
-def guess_language(texts: list[str]) -> str:
-    """ "zh" when most characters of the given texts are CJK, else "en"."""
-    from model.tokenizer import is_cjk
-
-    text = "".join(texts)
-    return "zh" if sum(map(is_cjk, text)) > len(text) / 2 else "en"
-
-
-class AlignmentMonitor:
-    """Per-epoch attention health: the alignment head's normalized entropy and AER (in domain, gold).
-
-    Warns loudly when the cross-attention goes flat (normalized entropy ≥ FLAT_ENTROPY), the failure
-    that left an earlier en→zh model with uniform attention that nothing noticed.
-    """
-
-    FLAT_ENTROPY = 0.95
-    FLAT_ENCODER = 0.99
-
-    def __init__(
-        self, options: TrainingOptions, tokenizer: MarianTokenizer, config: ModelConfig, language: str
-    ) -> None:
-        from model.training.evaluate_alignment import gold_items, link_items
-
-        self.tokenizer = tokenizer
-        source = config.alignment_source()
-        self.layer, self.head = source.layer, source.head
-        self.shift = config.alignment_shift
-        self.sets = {}
-        if options.alignment_dev:
-            self.sets["dev"] = link_items(options.alignment_dev, language, limit=300)
-        if options.alignment_gold:
-            self.sets["gold"] = gold_items(options.alignment_gold, language)
-
-    def epoch_report(self, model: Transformer) -> dict:
-        from model.training.evaluate_alignment import encoder_position_similarity, forced_maps, mean_entropy, score_head
-
-        record = {}
-        if "dev" in self.sets:
-            similarity = encoder_position_similarity(model, self.tokenizer, [i.source for i in self.sets["dev"][:100]])
-            record["encoder_similarity"] = similarity
-            if similarity >= self.FLAT_ENCODER:
-                logger.warning(
-                    "ENCODER OUTPUTS HAVE COLLAPSED: positions' final states have mean cosine similarity %.3f; "
-                    "cross-attention cannot tell source words apart",
-                    similarity,
-                )
-        for name, items in self.sets.items():
-            maps = forced_maps(model, self.tokenizer, items)
-            record[f"{name}_aer"] = score_head(maps, items, self.layer, self.head, self.shift).as_dict()["aer"]
-            record[f"{name}_entropy"] = mean_entropy(maps, self.layer, self.head)
-            if record[f"{name}_entropy"] >= self.FLAT_ENTROPY:
-                logger.warning(
-                    "CROSS-ATTENTION IS FLAT: layer %d head %s has normalized entropy %.3f on %s pairs "
-                    "(1.0 = uniform); its alignments and heatmaps will carry no information",
-                    self.layer,
-                    "mean" if self.head is None else self.head,
-                    record[f"{name}_entropy"],
-                    name,
-                )
-        return record
 
 
 # ---- resumable state (safetensors + JSON, no pickle) ---------------------------------

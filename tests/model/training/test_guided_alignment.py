@@ -13,7 +13,7 @@ from model.config import ModelConfig
 from model.explanations.alignment import alignment_matrix, attention_links, shift_rows
 from model.tokenizer import MarianTokenizer
 from model.training.gold import piece_spans, pieces_to_words, words_from_pieces
-from model.training.train import guide_tensor, guided_alignment_loss, load_guides
+from model.training.guided_alignment import guide_tensor, guided_alignment_loss, load_guides
 from model.transformer import Transformer
 
 

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from model.training.data import main as data_main
-from model.training.train import TrainingOptions, build_model, prepare_tokenizer, train_sentencepiece
+from model.training.options import TrainingOptions
+from model.training.train import build_model
+from model.training.vocabulary import prepare_tokenizer, train_sentencepiece
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO.parent / "shared" / "data"
