@@ -189,10 +189,11 @@ class CompiledStep:
         for layer in spec.encoder:
             weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
             weights, biases = list(weights), list(biases)
-            # int8 candidates for the encoder's feed-forward only, and only where activations keep all 8 bits
+            # int8 candidates for the encoder's feed-forward only, its fc1 only where activations keep all 8 bits
             # (VNNI): its attention projections in int8 too cost zh-en 0.31 BLEU, the whole encoder in 7 bits
-            # en-zh 0.54 (bench.fast_modes; docs/decisions.md)
-            packed = [None, None, *(_prepack(extension, w) for w in weights[2:])] if int8 and not reduce else []
+            # en-zh 0.54, fc1 with fc2 in 7 bits en-zh 0.38 (bench.fast_modes; docs/decisions.md)
+            fc1 = _prepack(extension, weights[2]) if int8 and not reduce else None
+            packed = [None, None, fc1, _prepack(extension, weights[3])] if int8 else []
             self._runtime.add_encoder_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
             self.names += [m.name for m in layer.matmuls]
         for layer in spec.decoder:  # matmuls in model.weight_spec.DECODER_MATMULS' order
