@@ -378,17 +378,25 @@ class Loop {
     if (!moves.empty()) {
       const int64_t heads = self_key_[0].size(1), capacity = self_key_[0].size(2), d_k = self_key_[0].size(3);
       const int64_t block = capacity * d_k;
+      // Only a row that another move overwrites goes through the scratch buffer; the others are copied once, after
+      // those are saved and before they are put back (a destination is never the source of an unsaved move).
+      std::vector<bool> overwritten(rows, false);
+      for (auto [to, from, length] : moves) overwritten[to] = true;
+      const auto copy = [&](float* into, int64_t to, const float* out_of, int64_t from, int64_t length) {
+        for (int64_t h = 0; h < heads; ++h)
+          std::memcpy(into + (to * heads + h) * block, out_of + (from * heads + h) * block, sizeof(float) * length * d_k);
+      };
       for (size_t i = 0; i < self_key_.size(); ++i) {
         for (auto [buffer, scratch] : {std::pair<Tensor*, Tensor*>{&self_key_[i], &scratch_key_[i]},
                                        std::pair<Tensor*, Tensor*>{&self_value_[i], &scratch_value_[i]}}) {
           float* main = buffer->data_ptr<float>();
           float* spare = scratch->data_ptr<float>();
           for (auto [to, from, length] : moves)
-            for (int64_t h = 0; h < heads; ++h)
-              std::memcpy(spare + (to * heads + h) * block, main + (from * heads + h) * block, sizeof(float) * length * d_k);
+            if (from < rows && overwritten[from]) copy(spare, to, main, from, length);
           for (auto [to, from, length] : moves)
-            for (int64_t h = 0; h < heads; ++h)
-              std::memcpy(main + (to * heads + h) * block, spare + (to * heads + h) * block, sizeof(float) * length * d_k);
+            if (!(from < rows && overwritten[from])) copy(main, to, main, from, length);
+          for (auto [to, from, length] : moves)
+            if (from < rows && overwritten[from]) copy(main, to, spare, to, length);
         }
       }
     }
