@@ -13,8 +13,8 @@ namespace {
 // `reduce_range` does for the same instructions): 127 · 128 · 2 = 32,512 fits, and the int32 sums are those
 // `vpdpbusd` would give for the same codes, but for one shortcut: two groups' int16 pairs are added in int16
 // (`vpaddsw`) before one `vpmaddwd` widens them, three multiplies per 8 inputs in place of four (8-10 % of an int8
-// decode at B=16 held to AVX2). A sum of four products past ±32,767 saturates there (as oneDNN's int8 GEMMs without
-// VNNI saturate `vpmaddubsw`'s int16 pairs, and fbgemm's 16-bit accumulation its sums), which the shipped models' rows rarely reach: 1,000 dev sentences per
+// decode at B=16 held to AVX2). A sum of four products past ±32,767 saturates there (as in fbgemm's 16-bit
+// accumulation and MKL's AVX2 u8·s8), which the shipped models' rows rarely reach: 1,000 dev sentences per
 // direction kept 86.4 % / 91.1 % of their fp32 translations against 86.5 % / 91.5 % without it. A row's own range
 // keeps its grid as fine as its values allow; the activations are read once (fbgemm reads them twice, then the
 // int32 output once more to scale it).
