@@ -11,13 +11,8 @@ namespace {
 // where `vpdpbusd` is `vpmaddubsw` (u8·s8 pairs summed into int16) then `vpmaddwd` by ones (int16 pairs into
 // int32). Two products of 255 · 128 overflow int16, so the rows are quantized to 7 bits (codes 0..127, as fbgemm's
 // `reduce_range` does for the same instructions): 127 · 128 · 2 = 32,512 fits, and the int32 sums are those
-// `vpdpbusd` would give for the same codes, but for one shortcut: two groups' int16 pairs are added in int16
-// (`vpaddsw`) before one `vpmaddwd` widens them, three multiplies per 8 inputs in place of four (8-10 % of an int8
-// decode at B=16 held to AVX2). A sum of four products past ±32,767 saturates there (as in fbgemm's 16-bit
-// accumulation and MKL's AVX2 u8·s8), which the shipped models' rows rarely reach: 1,000 dev sentences per
-// direction kept 86.4 % / 91.1 % of their fp32 translations against 86.5 % / 91.5 % without it. A row's own range
-// keeps its grid as fine as its values allow; the activations are read once (fbgemm reads them twice, then the
-// int32 output once more to scale it).
+// `vpdpbusd` would give for the same codes. A row's own range keeps its grid as fine as its values allow; the
+// activations are read once (fbgemm reads them twice, then the int32 output once more to scale it).
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_AVX2_INT8_KERNEL 1
 #define AVX2_TARGET __attribute__((target("avx2,fma")))
@@ -113,25 +108,7 @@ AVX2_TARGET inline void avx2_tile(const TileCall& t, int64_t row, int64_t block,
   __m256i acc[R][2];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  int64_t g = 0;
-  for (; g + 2 <= groups; g += 2) {  // two groups: their int16 pairs summed (saturating) before one widening
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
-    const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 64));
-    const __m256i w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 96));
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      int32_t four, next;
-      std::memcpy(&four, a + r * a_stride + g * 4, 4);
-      std::memcpy(&next, a + r * a_stride + g * 4 + 4, 4);
-      const __m256i x = _mm256_set1_epi32(four), y = _mm256_set1_epi32(next);
-      const __m256i low = _mm256_adds_epi16(_mm256_maddubs_epi16(x, w0), _mm256_maddubs_epi16(y, w2));
-      const __m256i high = _mm256_adds_epi16(_mm256_maddubs_epi16(x, w1), _mm256_maddubs_epi16(y, w3));
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(low, ones));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(high, ones));
-    }
-  }
-  if (g < groups) {  // an odd last group alone
+  for (int64_t g = 0; g < groups; ++g) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
 #pragma GCC unroll 6
