@@ -20,11 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import SHARED_DATA, close_report, named_models
+from model.calibration import roc_auc
 from model.errors import InputTooLongError
 from model.options import DecodingOptions
 from model.training.trust_data import CATEGORIES, labelled_sources, translate_and_label
 from model.translator import Translator
-from model.trust import FULL_SIGNALS, roc_auc
+from model.trust import FULL_SIGNALS
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DATA = SHARED_DATA

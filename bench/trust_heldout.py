@@ -30,13 +30,14 @@ from torch import Tensor
 
 from bench import SHARED_DATA, close_report
 from bench.trust import directions
+from model.calibration import auc_gain_interval, fit_mode, roc_auc
 from model.errors import InputTooLongError
 from model.explanations.explain import teacher_forcing_inputs
 from model.options import DecodingOptions
 from model.tokenizer import word_groups
 from model.training.trust_data import HELD_OUT_SETS, Item, held_out_sets, label_by_own_median, translate_and_label
 from model.translator import Translator
-from model.trust import FAST_SIGNALS, FULL_SIGNALS, auc_gain_interval, fit_mode, roc_auc
+from model.trust import FAST_SIGNALS, FULL_SIGNALS
 
 READ_SIGNALS = ("sent_std", "contrastive_logprob", "alti_t_mean", "alti_t_min")  # read_signals' names
 # signals measured for trust, not (yet) in its served score; reverse_*: the same read by the reverse model, the

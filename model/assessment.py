@@ -1,7 +1,7 @@
 """Trust's pass over finished translations, for Translator.assess: model.trust's signals and flags read from each
 hypothesis's decode (its token log-probabilities and alignment rows, all a batch's rows in one host read) and, in
 "full", from the reverse model forced over each pair; then the score the model's calibration gives them, and what
-that score meant held out. Translator delegates here; model.trust holds the arithmetic.
+that score meant held out. Translator delegates here; model.trust holds the arithmetic, model.calibration the score.
 """
 
 from __future__ import annotations
@@ -10,20 +10,13 @@ import functools
 from typing import TYPE_CHECKING
 
 from model.agreeing import ReverseReading
+from model.calibration import Calibration, uncalibrated_score
 from model.choices import TRUST_MODES
 from model.decoding.search import length_budget
 from model.errors import InvalidInputError
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
-from model.trust import (
-    Calibration,
-    Trust,
-    _Reading,
-    frequent_pieces,
-    piece_scores,
-    signals_and_flags,
-    uncalibrated_score,
-)
+from model.trust import Trust, _Reading, frequent_pieces, piece_scores, signals_and_flags
 
 if TYPE_CHECKING:
     from model.translation import Translation

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from model.calibration import Calibration
 from model.checkpoint import WEIGHTS_NAME, load_model, read_model_card
 from model.errors import InvalidInputError, UnknownModelError
 from model.runtime import cast_weights, load_step
 from model.tokenizer import MarianTokenizer
-from model.trust import Calibration
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import torch
 
 from model.agreeing import Aligner, ReverseReading
 from model.assessment import Assessor, calibration_fit, calibration_info
+from model.calibration import Calibration
 from model.decoding.scheduler import Batch, Policy
 from model.decoding.search import Hypothesis, beam_search
 from model.errors import InvalidInputError
@@ -42,7 +43,6 @@ from model.translation import (
     decoding_options,
     encode_texts,
 )
-from model.trust import Calibration
 
 __all__ = ["Explanation", "StreamedToken", "Translation", "Translator"]
 

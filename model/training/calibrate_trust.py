@@ -1,4 +1,4 @@
-"""Fit a model's trust score (model.trust) and store it beside its weights as trust.json.
+"""Fit a model's trust score (model.calibration) and store it beside its weights as trust.json.
 
     python -m model.training.calibrate_trust --model en-zh --reverse zh-en     # the shipped en→zh model
     python -m model.training.calibrate_trust --model DIR --reverse DIR2 --source-language en --target-language zh
@@ -6,11 +6,11 @@
 Rerun it whenever the weights change (trust.json names the weights digest it was fitted on; a Translator whose
 weights differ from it ignores it and says so). It translates the "fit" half of the labelled development set
 (model.training.trust_data: clean, perturbed and long sources, labelled by sentence chrF), reads each
-translation's signals, and fits one logistic regression per trust mode on the signals model.trust.SCORE_SIGNALS
-names for it (chosen by python -m bench.trust_heldout). Then it translates the "test" half, which the fit never
-saw, and stores what each mode's scores meant there (model.trust.reliability: equal-count bins of scores, each with
-the share of its translations labelled good): the meaning the viewer and the API give a score. bench.trust scores
-the test half too.
+translation's signals (model.trust), and fits one logistic regression per trust mode on the signals
+model.calibration.SCORE_SIGNALS names for it (chosen by python -m bench.trust_heldout). Then it translates the
+"test" half, which the fit never saw, and stores what each mode's scores meant there
+(model.calibration.reliability: equal-count bins of scores, each with the share of its translations labelled
+good): the meaning the viewer and the API give a score. bench.trust scores the test half too.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from model.calibration import SCORE_SIGNALS, Calibration, fit_mode, reliability, roc_auc
 from model.loading import resolve_model_path
 from model.training.trust_data import good_chrf, labelled_sources, translate_and_label
 from model.translator import Translator
-from model.trust import SCORE_SIGNALS, Calibration, fit_mode, reliability, roc_auc
 
 
 def fit(model: Translator, reverse: Translator, data: str, source_language: str, target_language: str) -> Calibration:

@@ -12,20 +12,18 @@ from pathlib import Path
 import pytest
 
 from model import DecodingOptions, InvalidInputError, ReverseReading, Translator
-from model.training.flag_cases import KEEP_PRECISION, constructed_cases, measure
-from model.training.trust_data import labelled_sources, translate_and_label
-from model.trust import (
+from model.calibration import (
     CALIBRATION_NAME,
-    FAST_SIGNALS,
-    FULL_SIGNALS,
     SCORE_SIGNALS,
     Calibration,
     auc_gain_interval,
     fit_mode,
     reliability,
     roc_auc,
-    tandem_repeats,
 )
+from model.training.flag_cases import KEEP_PRECISION, constructed_cases, measure
+from model.training.trust_data import labelled_sources, translate_and_label
+from model.trust import FAST_SIGNALS, FULL_SIGNALS, tandem_repeats
 
 
 @pytest.fixture(scope="module")
