@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the repository
+
+
+def report_command(module: str, argv: list[str] | None = None) -> str:
+    """The command a report was made by, as a shell takes it back: `python -m module` and its arguments (`argv`,
+    else this process's), each quoted where it must be (`--engines "ct2 int8"` stays one engine)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_report(report: dict, output: str | Path | None, default_name: str) -> Path:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import SHARED_DATA, named_models
+from bench import SHARED_DATA, named_models, report_command
 from model.training.evaluate_alignment import (
     alignment_report,
     gold_items,
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     in_domain = args.data / "alignment-tatoeba-zh-en" / "dev.json"
     started = time.monotonic()
     report: dict = {
-        "command": " ".join(["python -m bench.alignment", *sys.argv[1:]]),
+        "command": report_command("bench.alignment"),
         "eflomal_pairs_scored": args.eflomal_pairs,
         "models": {},
     }

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench import machine
+from bench import machine, report_command
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, medians, read_sentences, serve_running
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import free_port
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sentences = read_sentences(args.data, 1000)
     if args.engine_only:
-        result = {"command": " ".join(["python -m bench.continuous", *sys.argv[1:]]), "beam_size": args.beam_size}
+        result = {"command": report_command("bench.continuous"), "beam_size": args.beam_size}
         translator = engine_translator()
         result["engine"] = engine_comparison(translator, sentences, args.beam_size)
         print(f"engine alone, 32 sentences together, beam {args.beam_size}: {result['engine']}")
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     short, long = texts_for(sentences, rng)
     mixed_count, closed_count, alone_count = (60, 100, 20) if args.quick else (300, 400, 100)
     report: dict[str, Any] = {
-        "command": " ".join(["python -m bench.continuous", *sys.argv[1:]]),
+        "command": report_command("bench.continuous"),
         "machine": machine(),
         "beam_size": args.beam_size,
         "load": args.load,

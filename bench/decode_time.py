@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 
 import torch
 
-from bench import machine, write_report
+from bench import machine, report_command, write_report
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.translator import Translator
 
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     rows = dev_rows(args.dev)
     report = {
-        "command": " ".join(["python -m bench.decode_time", *(argv if argv is not None else sys.argv[1:])]),
+        "command": report_command("bench.decode_time", argv),
         "machine": machine(threads=args.threads),
         "versions": {"torch": torch.__version__},
         "dtype": args.dtype, "beam_size": args.beam_size, "results": {},

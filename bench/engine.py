@@ -14,7 +14,6 @@ import json
 import logging
 import random
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench import machine
+from bench import machine, report_command
 from model.runtime import EagerStep
 from model.tokenizer import MarianTokenizer
 from model.translator import Translator
@@ -341,7 +340,7 @@ def run(args: argparse.Namespace) -> dict:
             del engine
     add_agreement(results)
     return {
-        "command": " ".join(["python -m bench.engine", *sys.argv[1:]]),
+        "command": report_command("bench.engine"),
         "machine": machine(
             cpu_capability=torch.backends.cpu.get_cpu_capability(),
             threads=args.threads,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from bench import machine, write_report
+from bench import machine, report_command, write_report
 from bench.engine import convert_ctranslate2
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.cpu_isa import ISA_ENV
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = dev_rows(args.dev)
     report = {
-        "command": " ".join(["python -m bench.fast_modes", *(argv if argv is not None else sys.argv[1:])]),
+        "command": report_command("bench.fast_modes", argv),
         "machine": machine(
             cpu_capability=torch.backends.cpu.get_cpu_capability(),
             cpu_isa_forced=os.environ.get(ISA_ENV),

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bench import machine
+from bench import machine, report_command
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, exit_on_sigterm, read_sentences, serve_running
 from bench.soak import resident_mib
 from tests.harness.cluster import HAPROXY_RETRY_ON
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     sentences = read_sentences(args.data, 1000)
     rows = [one_count(replicas, sentences, args) for replicas in args.replicas]
     report = {
-        "command": " ".join(["python -m bench.ingress_loss", *sys.argv[1:]]),
+        "command": report_command("bench.ingress_loss"),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "retry_on": args.retry_on,

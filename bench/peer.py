@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench import machine
+from bench import machine, report_command
 from bench.engine import convert_ctranslate2
 from bench.service import (
     DEFAULT_DATA,
@@ -495,7 +495,7 @@ def verify(args: argparse.Namespace) -> dict[str, Any]:
         ]
         rows.append({"direction": model, "examples": examples})
     return {
-        "command": " ".join(["python -m bench.peer", *sys.argv[1:]]),
+        "command": report_command("bench.peer"),
         "data": str(args.data.name),
         "beam_size": BEAM_SIZE,
         "peer_length_penalty": ARGOS_LENGTH_PENALTY,
@@ -621,7 +621,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         with peer_running(variant, started=started) as url:
             rows += load_scenarios(variant.label, f"{url}/translate", peer_body, started[0], sentences, args)
     return {
-        "command": " ".join(["python -m bench.peer", *sys.argv[1:]]),
+        "command": report_command("bench.peer"),
         "machine": machine(),
         "beam_size": BEAM_SIZE,
         "peer": {

@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench import machine, write_report
+from bench import machine, report_command, write_report
 from bench.fidelity import DEFAULT_DEV, DIRECTIONS, dev_rows
 from model.translator import Translator
 
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = dev_rows(args.dev)
     source_ids = [translator.tokenizer.encode_source(row[source_column]) for row in rows[: args.texts]]
     report = {
-        "command": " ".join(["python -m bench.profile_decode", *(argv if argv is not None else sys.argv[1:])]),
+        "command": report_command("bench.profile_decode", argv),
         "machine": machine(),
         "versions": {"torch": torch.__version__},
         "model": args.model, "dtype": args.dtype, "runtime": translator.runtime_info["runtime"],

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-from bench import SHARED_DATA, machine, named_models, write_report
+from bench import SHARED_DATA, machine, named_models, report_command, write_report
 from model.options import DecodingOptions
 from model.training.data import dev_references
 from model.training.evaluate import score_translations
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    report: dict = {"command": " ".join(["python -m bench.quality", *sys.argv[1:]]), "beam_size": args.beam_size}
+    report: dict = {"command": report_command("bench.quality"), "beam_size": args.beam_size}
     models = named_models(args.models)
     baselines = dict(item.split("=", 1) for item in args.baseline)
     earlier = json.loads(Path(args.baseline_from).read_text()) if args.baseline_from else {"models": {}}

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench import machine
+from bench import machine, report_command
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, read_sentences, serve_running
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import free_port
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=REPOSITORY, check=False)
     medians = {side: median_of(results) for side, results in runs.items()}
     report = {
-        "command": " ".join(["python -m bench.revisions", *sys.argv[1:]]),
+        "command": report_command("bench.revisions"),
         "machine": machine(),
         "revision": commit,
         "beam_size": args.beam_size,

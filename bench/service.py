@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench import machine
+from bench import machine, report_command
 from tests.harness.loadgen import run_load, translate_bodies
 from tests.harness.processes import (
     command_line,
@@ -396,7 +396,7 @@ def run_benchmark(
     for check in checks.values():
         check["met"] = check["lost"] == 0 if "lost" in check else check["ratio"] >= check["target"]
     return {
-        "command": " ".join(["python -m bench.service", *sys.argv[1:]]),
+        "command": report_command("bench.service"),
         "machine": machine(),
         "model": model_path(config),
         "beam_size": args.beam_size,

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from bench import report_command
 from bench.service import DEFAULT_DATA, RESULTS, bench_config, exit_on_sigterm, serve_running
 from tests.harness.loadgen import exception_kind, translate_bodies
 from tests.harness.processes import command_line, free_port, session_pids
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     half = next(i for i, s in enumerate(samples) if s["at_s"] >= samples[-1]["at_s"] / 2)
     report = {
-        "command": " ".join(["python -m bench.soak", *(argv if argv is not None else sys.argv[1:])]),
+        "command": report_command("bench.soak", argv),
         "cpu_model": cpu_model(),
         "minutes": args.minutes,
         "concurrency": args.concurrency,

@@ -14,12 +14,11 @@ alone, Seq-Logprob (forward_logprob) included. Also the cost of each mode per si
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import SHARED_DATA, close_report, named_models
+from bench import SHARED_DATA, close_report, named_models, report_command
 from model.calibration import roc_auc
 from model.errors import InputTooLongError
 from model.options import DecodingOptions
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="how the models decode (default auto: as served)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    report: dict = {"command": " ".join(["python -m bench.trust", *sys.argv[1:]]), "models": {}}
+    report: dict = {"command": report_command("bench.trust"), "models": {}}
     for name, path, model, reverse in directions(args.models, args.dtype):
         source_language, target_language = name.split("-")
         items = labelled_sources(args.data, source_language, target_language, model, "test")

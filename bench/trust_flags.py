@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import RESULTS, machine
+from bench import RESULTS, machine, report_command
 from bench.trust import DATA, directions
 from model.choices import FLAG_KINDS
 from model.training.flag_cases import KEEP_PRECISION, constructed_cases, measure
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(RESULTS / "trust-flags.json"))
     args = parser.parse_args(argv)
     report: dict = {
-        "command": " ".join(["python -m bench.trust_flags", *sys.argv[1:]]),
+        "command": report_command("bench.trust_flags"),
         "machine": machine(),
         "keep_precision": KEEP_PRECISION,
         "models": {},

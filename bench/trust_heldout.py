@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from bench import SHARED_DATA, close_report
+from bench import SHARED_DATA, close_report, report_command
 from bench.trust import directions
 from model.calibration import auc_gain_interval, fit_mode, roc_auc
 from model.errors import InputTooLongError
@@ -319,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", help="a folder keeping each direction's labelled translations and signals")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    report: dict = {"command": " ".join(["python -m bench.trust_heldout", *sys.argv[1:]]), "models": {}}
+    report: dict = {"command": report_command("bench.trust_heldout"), "models": {}}
     for name, path, model, reverse in directions(args.models, args.dtype):
         source_language, target_language = name.split("-")
         digests = [model.weights_digest, reverse.weights_digest]

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench import SHARED_DATA as DATA
-from bench import write_report
+from bench import report_command, write_report
 from model.training.evaluate_alignment import AlignmentItem, forced_maps, gold_items, head_rows, in_domain_items
 from model.training.gold import GoldLinks, alignment_error_rate, grow_diag_final_and
 from model.translator import Translator
@@ -297,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="JSON path (default bench/results/alignment-variants.json)")
     args = parser.parse_args(argv)
     report = {
-        "command": " ".join(["python -m bench.experiments.alignment_variants", *sys.argv[1:]]),
+        "command": report_command("bench.experiments.alignment_variants"),
         "reference": {"eflomal": 16.2, "diagonal": 52.3},
         **measure(args.dev, args.gold),
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from bench import report_command
 from model.errors import InputTooLongError
 from model.explanations.attribution import DEFAULT_STEPS, MAX_TOKENS, METHODS
 from model.training.data import read_pairs
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in table.items():
         print(f"{name:28}" + "".join(f"{row[group]:>10}" for group in GROUPS))
     report = {
-        "command": "python -m bench.experiments.attributions " + " ".join(argv or sys.argv[1:]),
+        "command": report_command("bench.experiments.attributions", argv or None),
         "model": args.model,
         "threads": args.threads,
         "integrated_gradients_steps": DEFAULT_STEPS,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench import machine, write_report
+from bench import machine, report_command, write_report
 from bench.alignment import DATA
 from model.explanations.agreement import agreement_threshold, overlapping_words, piece_offsets
 from model.explanations.alignment import shift_rows
@@ -268,9 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     translators = {name: Translator.from_pretrained(name, device="cpu") for name in REVERSE}
     report = {
-        "command": " ".join(
-            ["python -m bench.experiments.learned_alignment", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": report_command("bench.experiments.learned_alignment", argv),
         "machine": machine(threads=2),
         "directions": {},
     }

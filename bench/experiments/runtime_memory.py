@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from bench import machine, write_report
+from bench import machine, report_command, write_report
 from bench.fidelity import DEFAULT_DEV
 from bench.soak import resident_mib
 from model.translator import Translator
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         translator.translate(batch, beam_size=rng.choice([1, 4]), return_attention=rng.random() < 1 / 3)
     later = [s["rss_mib"] for s in samples[len(samples) // 2 :]]
     report = {
-        "command": " ".join(["python -m bench.experiments.runtime_memory", *sys.argv[1:]]),
+        "command": report_command("bench.experiments.runtime_memory"),
         "machine": machine(),
         "model": args.model, "runtime": runtime, "samples": samples,
         "second_half": {"min_mib": min(later), "max_mib": max(later), "first_mib": later[0], "last_mib": later[-1]},

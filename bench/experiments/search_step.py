@@ -9,13 +9,13 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from bench import report_command
 from model.runtime.topk import TOPK_CHUNK, row_topk
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         us = result["us"]
         print(f"| {result['rows']} | {us['torch.topk']} | {us['row_topk']} | {result['speedup']}x |")
     report = {
-        "command": " ".join(["python -m bench.experiments.search_step", *sys.argv[1:]]),
+        "command": report_command("bench.experiments.search_step"),
         "machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
         "vocabulary": VOCABULARY,
         "results": results,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from bench import report_command
 from model import Translator
 from model.decoding import search
 
@@ -581,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         function, arguments, minimum = plan[name]
         stages.run(name, function, *arguments, minimum_s=minimum)
     stages.report.update({
-        "command": " ".join(["python -m bench.gpu.check", *(argv if argv is not None else sys.argv[1:])]),
+        "command": report_command("bench.gpu.check", argv),
         "rows": stages.rows, "seconds": round(time.monotonic() - stages.start, 1),
     })
     (output / "gpu-check.json").write_text(json.dumps(stages.report, indent=1, default=str) + "\n")
