@@ -65,6 +65,7 @@ from service.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
+from service.text.protected import Protected, model_protections, protect, restore, restore_outcomes
 from service.text.split_texts import assemble, model_texts, plan_texts
 
 logger = logging.getLogger("ray.serve")
@@ -76,6 +77,11 @@ INFO_CACHE_S = 10.0
 def server_sent_event(event: dict) -> bytes:
     """One SSE message: `event: <type>` and the event as one line of JSON."""
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+def protect_texts(body: TranslateRequest, spec: ModelSpec) -> list[Protected] | None:
+    """Each text with its placeholders, URLs and numbers behind stand-ins; None with protect false."""
+    return [protect(text, spec.source_lang, spec.target_lang) for text in body.texts] if body.protect else None
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
@@ -245,8 +251,10 @@ class Ingress:
     async def translate(self, body: TranslateRequest) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         spec = self.specs[model]
-        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # service/text/split_texts.py
-        texts = model_texts(body.texts, plans)
+        protections = protect_texts(body, spec)
+        inputs = [protected.text for protected in protections] if protections else body.texts
+        plans = plan_texts(inputs, spec.source_lang, body.split_sentences)
+        texts = model_texts(inputs, plans)
         call = TranslateCall(
             texts=texts,
             options=body.decoding_options(),
@@ -256,6 +264,8 @@ class Ingress:
             trust=body.trust,
         )
         outcomes = await self.translate_call(model, call)
+        if protections:
+            outcomes = restore_outcomes(outcomes, protections, plans, spec.target_lang)
         translations = assemble(outcomes, plans, spec.target_lang)
         return json_response({"model": model, "translations": [translation.json() for translation in translations]})
 
@@ -278,8 +288,11 @@ class Ingress:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         spec = self.specs[model]
-        plans = plan_texts(body.texts, spec.source_lang, body.split_sentences)  # as /v1/translate splits it
-        sentences = model_texts(body.texts, plans)
+        protections = protect_texts(body, spec)  # as /v1/translate protects and splits it
+        inputs = [protected.text for protected in protections] if protections else body.texts
+        plans = plan_texts(inputs, spec.source_lang, body.split_sentences)
+        sentences = model_texts(inputs, plans)
+        parts = model_protections(protections, plans) if protections else None
         handle = self.translators[model].options(stream=True)
 
         options = body.decoding_options()
@@ -325,6 +338,8 @@ class Ingress:
                                 yield server_sent_event({**event, "sentence": index})
                             elif event["type"] == "result":
                                 outcome = event["translation"]
+                                if parts is not None:
+                                    outcome = restore(parts[index], outcome, spec.target_lang)
                                 outcomes.append(outcome)
                                 if len(sentences) > 1:
                                     yield server_sent_event(

@@ -66,6 +66,20 @@ class AttentionRecord:
 
 
 @dataclass(slots=True)
+class ProtectedRecord:
+    """A span kept byte for byte (a placeholder, URL, e-mail address or number): its text and kind, and its offsets
+    [start, end) into the client's source text and into the translation's `text`."""
+
+    text: str
+    kind: str
+    source_span: list[int]
+    target_span: list[int]
+
+    def json(self) -> dict[str, Any]:
+        return {"text": self.text, "kind": self.kind, "source_span": self.source_span, "target_span": self.target_span}
+
+
+@dataclass(slots=True)
 class TranslationRecord:
     """One hypothesis of one text (its alternatives inside the best one), or a text joined from its sentences
     (`sentences` set: then no explanation id, attention or alternatives of its own; service/text/split_texts.py)."""
@@ -87,6 +101,7 @@ class TranslationRecord:
     alternatives: list[TranslationRecord] = field(default_factory=list)
     token_source_shares: list[float] | None = None  # None: source_share was not asked for
     sentences: list[TranslationRecord] | None = None
+    protected: list[ProtectedRecord] | None = None  # None: protection was off
 
     @property
     def source_share(self) -> float | None:
@@ -117,9 +132,11 @@ class TranslationRecord:
         if self.token_source_shares is not None:
             result["token_source_shares"] = self.token_source_shares
             result["source_share"] = self.source_share
+        if self.protected is not None:
+            result["protected"] = [span.json() for span in self.protected]
         if self.sentences is not None:
             result["sentences"] = [sentence.json() for sentence in self.sentences]
         return result
 
 
-__all__ = ["AttentionRecord", "TranslationRecord", "TrustFlagRecord", "TrustRecord"]
+__all__ = ["AttentionRecord", "ProtectedRecord", "TranslationRecord", "TrustFlagRecord", "TrustRecord"]

@@ -62,6 +62,7 @@ Text = Annotated[
 ModelId = Annotated[str, Field(min_length=1, max_length=64, description="A model id from GET /v1/models.")]
 Language = Annotated[str, Field(min_length=2, max_length=16, pattern=r"^[A-Za-z-]+$")]
 AlignmentPair = Annotated[list[int], Field(min_length=2, max_length=2, description="[source_index, target_index]")]
+CharSpan = Annotated[list[int], Field(min_length=2, max_length=2, description="[start, end) character offsets")]
 
 
 class ModelChoice(BaseModel):
@@ -122,6 +123,14 @@ class TranslateRequest(ModelChoice):
         "each, with its own explanation_id) and `text` joined from them. false: each text is decoded whole. "
         "beam_size, n_best and max_length apply per sentence; a single sentence longer than the model accepts is "
         "still answered 413.",
+    )
+
+    protect: bool = Field(
+        True,
+        description="Keep placeholders (%s, %1$s, %(name)s, {name}, {0}, {{name}}, ${var}, ICU {count, plural, …} "
+        "blocks), URLs, e-mail addresses and numbers of three digits or more byte for byte: the model reads a "
+        "stand-in for each, and the span is put back where the stand-in went in the translation; each translation "
+        "lists them in `protected`. false: the text goes to the model as written.",
     )
 
     @model_validator(mode="after")
@@ -190,7 +199,7 @@ class TrustOut(BaseModel):
     flags: list[TrustFlagOut]
     signals: dict[str, float] = Field(
         description="The raw numbers: forward_logprob (mean token log-probability), forward_min_logprob, "
-        'source_coverage, target_support, repetition, length_ratio, untranslated, truncated, source_length, '
+        "source_coverage, target_support, repetition, length_ratio, untranslated, truncated, source_length, "
         'source_familiarity and, in "full", '
         "reverse_logprob (the reverse model's mean log-probability of the source given the translation). Empty "
         "for a text split into sentences (see each sentence's)."
@@ -208,6 +217,15 @@ class TrustOut(BaseModel):
     sentence: int | None = Field(
         None, description="For a text split into sentences: the sentence whose score this is (the least trusted)."
     )
+
+
+class ProtectedOut(BaseModel):
+    """A span of the source kept byte for byte in the translation."""
+
+    text: str = Field(description="The span as the client wrote it.")
+    kind: Literal["placeholder", "url", "email", "number"]
+    source_span: CharSpan = Field(description="Character offsets [start, end) into the client's text.")
+    target_span: CharSpan = Field(description="Character offsets [start, end) into this translation's `text`.")
 
 
 class HypothesisOut(BaseModel):
@@ -241,6 +259,12 @@ class HypothesisOut(BaseModel):
     )
     source_share: float | None = Field(
         None, description="Only with source_share: true. The mean of token_source_shares (null for a blank text)."
+    )
+    protected: list[ProtectedOut] | None = Field(
+        None,
+        description="With protect (the default): every protected span of the source, once per occurrence, and "
+        "where it stands in `text`. The token lists, scores and alignment are the model's: it read a stand-in "
+        "(a name or a digit) in each span's place.",
     )
 
 
@@ -492,7 +516,7 @@ class ModelInfo(BaseModel):
         description="The trust score: `calibrated` (a trust.json fitted on these weights is loaded; else the "
         "uncalibrated default and a `note` why), `score_signals` (per mode, the signals the score is fitted on), "
         "`reliability` (per mode, what scores meant on held-out translations: bins of low, high, answers and the "
-        "share adequate), `fitted_on` (what it was fitted on), `full_available` (the reverse model \"full\" needs "
+        'share adequate), `fitted_on` (what it was fitted on), `full_available` (the reverse model "full" needs '
         "is served).",
     )
     max_source_tokens: int = Field(description="The most sentencepiece tokens (with </s>) a text may have.")

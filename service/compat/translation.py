@@ -23,6 +23,7 @@ from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
 from service.text.inline_tags import place
 from service.text.languages import Detection, detect, name_of, resolve
 from service.text.markup import Block, InlineElement, Markup, parse_markup
+from service.text.protected import Protected, find_spans, model_protections, protect, restore
 from service.text.sentences import Piece, join
 from service.text.split_texts import text_pieces
 
@@ -167,6 +168,8 @@ class _Job:
 
     model: str
     pieces: list[Piece]
+    protection: Protected | None = None  # the text's spans kept byte for byte; `pieces` cut its stand-in text
+    target: str = ""  # the language translated into
     translations: list[list[str]] = field(default_factory=list)  # per piece: best first, then alternatives
     best: list[TranslationRecord | None] = field(default_factory=list)  # per piece: the best one (alignments)
     alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: a block whose tags go by it
@@ -246,8 +249,10 @@ async def translate_texts(
     html: bool = False,
     split_sentences: bool = True,
     trust: str = "off",
+    protect_spans: bool = True,
 ) -> list[TextTranslation]:
-    """Translate client texts: source None detects each text's language among the served ones."""
+    """Translate client texts: source None detects each text's language among the served ones; protect_spans
+    keeps placeholders, URLs, e-mail addresses and long numbers byte for byte."""
     if not 0 <= alternatives <= MAX_ALTERNATIVES:
         raise InvalidParameterError(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
     target_code = resolve_target(backend, target)
@@ -264,9 +269,11 @@ async def translate_texts(
 
     def job(text: str, language: str, detection: Detection | None) -> _Job:
         # texts up to COMPAT_MAX_TEXT_CHARS: a sentence too long for the model is cut further rather than refused
-        pieces = text_pieces(text, language, split_sentences, cut_long=True)
+        protection = protect(text, language, target_code) if protect_spans else None
+        pieces = text_pieces(protection.text if protection else text, language, split_sentences, cut_long=True)
         needs_model = any(piece.sentence for piece in pieces)
-        return _Job(_model_for(backend, language, target_code, detection) if needs_model else "", pieces)
+        model = _model_for(backend, language, target_code, detection) if needs_model else ""
+        return _Job(model, pieces, protection, target_code)
 
     def node_jobs(entry: _HtmlText, block: int, language: str, detection: Detection | None) -> list[_Job]:
         units = [part for part in entry.markup.blocks[block].parts if isinstance(part, int)]
@@ -284,7 +291,9 @@ async def translate_texts(
             continue
         entry = _HtmlText(markup)
         for index, block in enumerate(markup.blocks):
-            block_job = job(block.text, language, detection) if block.elements and block.flat else None
+            # a block's tags go by the alignment unless it holds spans to keep: then its text nodes go apart
+            tagged = block.elements and block.flat and not (protect_spans and find_spans(block.text))
+            block_job = job(block.text, language, detection) if tagged else None
             if block_job is not None:  # its tags are placed by the alignment: the better one, where served
                 block_job.alignment_method = AlignmentMethod.AGREEMENT
             elements = _sentence_elements(block, block_job.pieces) if block_job is not None else None
@@ -326,7 +335,13 @@ async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best:
     # /v1/translate's default beam, so that a sentence gets the same translation on both APIs
     options = DecodingOptions(beam_size=max(DEFAULT_BEAM_SIZE, n_best), n_best=n_best)
     by_model: dict[tuple[str, str], list[tuple[_Job, int]]] = {}
+    protections: dict[tuple[int, int], Protected] = {}  # (job, piece) → the sentence's spans
     for job in jobs:
+        if job.protection is not None:
+            parts = iter(model_protections([job.protection], [job.pieces]))
+            for index, piece in enumerate(job.pieces):
+                if piece.sentence:
+                    protections[id(job), index] = next(parts)
         job.translations = [[""] for _ in job.pieces]
         job.best = [None for _ in job.pieces]
         for index, piece in enumerate(job.pieces):
@@ -345,6 +360,8 @@ async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best:
         )
         outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):
+            if (id(job), index) in protections:
+                outcome = restore(protections[id(job), index], outcome, job.target)
             job.translations[index] = [outcome.text] + [other.text for other in outcome.alternatives]
             job.best[index] = outcome
 

@@ -69,7 +69,12 @@ def split(text: str, language: str, cut_long: bool = True) -> list[Piece]:
 
 
 def join(pieces: list[Piece], translations: list[str], target_language: str) -> str:
-    """The translated text: each piece's translation in place of its sentence.
+    """The translated text: each piece's translation in place of its sentence (see `join_with_starts`)."""
+    return join_with_starts(pieces, translations, target_language)[0]
+
+
+def join_with_starts(pieces: list[Piece], translations: list[str], target_language: str) -> tuple[str, list[int]]:
+    """The translated text, and where in it each piece's translation starts: each in place of its sentence.
 
     The whitespace between two sentences is kept as it was (line breaks and indentation included), except that
     spaces and tabs before a line break, or making up the whole gap, are dropped when the target language writes
@@ -78,6 +83,8 @@ def join(pieces: list[Piece], translations: list[str], target_language: str) -> 
     """
     unspaced = target_language.split("-")[0] in UNSPACED
     out: list[str] = []
+    starts: list[int] = []
+    length = 0
     previous_after: str | None = None
     for piece, translation in zip(pieces, translations, strict=True):
         gap = (previous_after or "") + piece.before
@@ -87,10 +94,13 @@ def join(pieces: list[Piece], translations: list[str], target_language: str) -> 
             elif not unspaced and not gap and out and translation:
                 gap = " "
         out.append(gap if previous_after is not None else piece.before)
+        length += len(out[-1])
+        starts.append(length)
         out.append(translation)
+        length += len(translation)
         previous_after = piece.after
     out.append(previous_after or "")
-    return "".join(out)
+    return "".join(out), starts
 
 
-__all__ = ["Piece", "join", "split"]
+__all__ = ["Piece", "join", "join_with_starts", "split"]

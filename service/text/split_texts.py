@@ -5,8 +5,8 @@ object laid end to end (`plan_texts`, `model_texts`, `assemble`; the shape schem
 
 from __future__ import annotations
 
-from service.records import TranslationRecord, TrustFlagRecord, TrustRecord
-from service.text.sentences import Piece, join, split
+from service.records import ProtectedRecord, TranslationRecord, TrustFlagRecord, TrustRecord
+from service.text.sentences import Piece, join_with_starts, split
 
 
 def text_pieces(text: str, language: str, split_sentences: bool = True, cut_long: bool = False) -> list[Piece]:
@@ -58,8 +58,17 @@ def assemble(
 
 def _joined(pieces: list[Piece], sentences: list[TranslationRecord], target_language: str) -> TranslationRecord:
     translations = iter(sentence.text for sentence in sentences)
-    text = join(pieces, [next(translations) if piece.sentence else "" for piece in pieces], target_language)
+    text, starts = join_with_starts(
+        pieces, [next(translations) if piece.sentence else "" for piece in pieces], target_language
+    )
     result = TranslationRecord(text=text, source_tokens=[], target_tokens=[], alignment=[], sentences=sentences)
+    if sentences and all(sentence.protected is not None for sentence in sentences):  # offsets into the joined text
+        sentence_starts = [start for piece, start in zip(pieces, starts, strict=True) if piece.sentence]
+        result.protected = [
+            ProtectedRecord(span.text, span.kind, span.source_span, [s + offset for s in span.target_span])
+            for sentence, offset in zip(sentences, sentence_starts, strict=True)
+            for span in sentence.protected
+        ]
     for sentence in sentences:
         source_offset, target_offset = len(result.source_tokens), len(result.target_tokens)
         result.alignment.extend([s + source_offset, t + target_offset] for s, t in sentence.alignment)
