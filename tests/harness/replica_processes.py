@@ -34,8 +34,7 @@ def _pids() -> list[int]:
     return [int(entry.name) for entry in PROC.iterdir() if entry.name.isdigit()]
 
 
-def listener_pid(port: int) -> int:
-    """The process that holds the listening socket of `port` (the Serve proxy)."""
+def _listener_once(port: int) -> int | None:
     wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
     for pid in _pids():
         try:
@@ -48,7 +47,32 @@ def listener_pid(port: int) -> int:
                     return pid
             except OSError:
                 continue
-    raise LookupError(f"no process listens on port {port}")
+    return None
+
+
+def listener_pid(port: int, timeout_s: float = 15.0) -> int:
+    """The process that holds the listening socket of `port` (the Serve proxy, or HAProxy).
+
+    HAProxy reloads by starting a new process that takes the socket over from the old one, and the old one exits:
+    for a moment no live process may hold it, so the search is repeated until one does."""
+    deadline = time.monotonic() + timeout_s
+    while (pid := _listener_once(port)) is None:
+        if time.monotonic() > deadline:
+            raise LookupError(f"no process listens on port {port}")
+        time.sleep(0.1)
+    return pid
+
+
+_sessions: dict[int, int] = {}  # port → the OS session of the Serve instance listening there
+
+
+def instance_session(port: int) -> int:
+    """The OS session of the Serve instance on `port`: found once through its listener, then kept while that
+    session has processes (a listener found mid-reload, or none, would otherwise fail a test for nothing)."""
+    session = _sessions.get(port)
+    if session is None or not session_pids(session):
+        session = _sessions[port] = os.getsid(listener_pid(port))
+    return session
 
 
 def replica_pids(port: int, application: str, deployment: str) -> list[int]:
@@ -59,7 +83,7 @@ def replica_pids(port: int, application: str, deployment: str) -> list[int]:
     session id; replica processes name themselves `ray::ServeReplica:<application>:<deployment>`.
     """
     title = f"ray::ServeReplica:{application}:{deployment}"
-    session = os.getsid(listener_pid(port))
+    session = instance_session(port)
     return sorted(pid for pid in session_pids(session) if command_line(pid).split(" ", 1)[0] == title)
 
 
