@@ -23,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response, StreamingResponse
 
 from service.coalescing import Coalescer
-from service.compat import deepl_v2, libretranslate
+from service.compat import deepl_glossaries, deepl_v2, libretranslate
 from service.compat.backend import LanguagePair, TranslationBackend
+from service.compat.deepl_glossaries import stored
 from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
 from service.docs import add_offline_docs
 from service.errors import (
@@ -42,6 +43,7 @@ from service.errors import (
     route_family,
 )
 from service.explanations import ExplanationKey, ExplanationNotFoundError, decode_explanation_id
+from service.glossaries import Glossaries, checked_entries, owner_of
 from service.messages import ExplainView, Rejected, TranslateCall
 from service.metrics import (
     MULTIPROCESS_ENV,
@@ -52,7 +54,7 @@ from service.metrics import (
     serve_node_metrics,
     service_metrics,
 )
-from service.middleware import ServiceMiddleware, route_path
+from service.middleware import ServiceMiddleware, presented_key, route_path
 from service.records import TranslationRecord
 from service.schemas import (
     ErrorResponse,
@@ -65,6 +67,7 @@ from service.schemas import (
     TranslateRequest,
     TranslateResponse,
 )
+from service.store import Store
 from service.text.protected import Protected, model_protections, protect, restore, restore_outcomes
 from service.text.split_texts import assemble, model_texts, plan_texts
 
@@ -79,9 +82,12 @@ def server_sent_event(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-def protect_texts(body: TranslateRequest, spec: ModelSpec) -> list[Protected] | None:
-    """Each text with its placeholders, URLs and numbers behind stand-ins; None with protect false."""
-    return [protect(text, spec.source_lang, spec.target_lang) for text in body.texts] if body.protect else None
+def protect_texts(body: TranslateRequest, spec: ModelSpec, terms: tuple) -> list[Protected] | None:
+    """Each text with its placeholders, URLs and numbers (unless protect is false) and its glossary terms behind
+    stand-ins; None when there is nothing to protect."""
+    if not body.protect and not terms:
+        return None
+    return [protect(text, spec.source_lang, spec.target_lang, terms, body.protect) for text in body.texts]
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503, 504)}
@@ -109,6 +115,7 @@ def translation_backend(request: Request) -> TranslationBackend:
 
 
 api.include_router(libretranslate.router(translation_backend))  # LibreTranslate's API: /translate, /detect, ...
+api.include_router(deepl_glossaries.router(translation_backend))  # DeepL's v2 glossaries
 api.include_router(deepl_v2.router(translation_backend))  # DeepL's v2 shape: /v2/translate, /v2/languages, /v2/usage
 
 
@@ -149,6 +156,7 @@ class Ingress:
             )
             for model in translators
         }
+        self._glossaries = Glossaries(Store(self.config.resolved_store_url()))
         self.in_flight = 0
         self._info: list[dict] | None = None
         self._info_at = 0.0
@@ -239,6 +247,28 @@ class Ingress:
     def request_timeout_s(self) -> float:
         return self.config.request_timeout_s
 
+    @property
+    def glossaries(self) -> Glossaries:
+        return self._glossaries
+
+    def owner(self, request: Request) -> str:
+        return owner_of(presented_key(dict(request.scope["headers"]))) if self.api_keys else ""
+
+    async def terms(self, body: TranslateRequest, spec: ModelSpec, request: Request) -> tuple[tuple[str, str], ...]:
+        """The glossary a /v1 request names: inline, or stored (its language pair must be the model's)."""
+        if body.glossary is not None:
+            return checked_entries(list(body.glossary.items()))
+        if body.glossary_id is None:
+            return ()
+        owner = self.owner(request)
+        glossary = await stored(lambda: self._glossaries.get(owner, body.glossary_id))
+        if (glossary.source_lang, glossary.target_lang) != (spec.source_lang, spec.target_lang):
+            raise InvalidRequestError(
+                f"glossary {body.glossary_id} is {glossary.source_lang}→{glossary.target_lang}, "
+                f"model {spec.id} translates {spec.source_lang}→{spec.target_lang}"
+            )
+        return glossary.entries
+
     def explanation_key(self, explanation_id: str) -> ExplanationKey:
         """Verify an explanation id and check that its model is served here."""
         key = decode_explanation_id(explanation_id, self.secret)
@@ -248,10 +278,10 @@ class Ingress:
 
     # ---- routes ------------------------------------------------------------------------
     @api.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS, summary="Translate texts")
-    async def translate(self, body: TranslateRequest) -> Response:
+    async def translate(self, body: TranslateRequest, request: Request) -> Response:
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         spec = self.specs[model]
-        protections = protect_texts(body, spec)
+        protections = protect_texts(body, spec, await self.terms(body, spec, request))
         inputs = [protected.text for protected in protections] if protections else body.texts
         plans = plan_texts(inputs, spec.source_lang, body.split_sentences)
         texts = model_texts(inputs, plans)
@@ -274,7 +304,7 @@ class Ingress:
         responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}},
         summary="Translate one text, streamed as Server-Sent Events",
     )
-    async def translate_stream(self, body: TranslateRequest) -> Response:
+    async def translate_stream(self, body: TranslateRequest, request: Request) -> Response:
         """One text, split into sentences as /v1/translate splits it and decoded one sentence after another.
         Events: `start` ({model, streams_tokens, sentences}); one `token` per settled token ({sentence, index, piece,
         token_id, logprob, attention: the alignment head's weights over the source tokens at the step that
@@ -288,7 +318,7 @@ class Ingress:
             raise InvalidRequestError(f"stream one text per request, not {len(body.texts)}")
         model = self.pick_model(body.model, body.source_lang, body.target_lang)
         spec = self.specs[model]
-        protections = protect_texts(body, spec)  # as /v1/translate protects and splits it
+        protections = protect_texts(body, spec, await self.terms(body, spec, request))  # as /v1/translate does
         inputs = [protected.text for protected in protections] if protections else body.texts
         plans = plan_texts(inputs, spec.source_lang, body.split_sentences)
         sentences = model_texts(inputs, plans)

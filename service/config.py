@@ -97,6 +97,15 @@ class ServiceConfig(BaseModel):
         "TRANSLATE_EXPLANATION_SECRET",
         description="Environment variable holding the key that signs explanation ids (same on every replica).",
     )
+    store_url: str = Field(
+        "sqlite:///~/.local/state/attention-translate/state.db",
+        description="Where glossaries live, shared by every replica: sqlite:////absolute/path, "
+        "sqlite:///relative/path or sqlite:///~/path (one machine; ~ is the replica's home), or "
+        "postgresql://user@host:port/database (a cluster; a password goes in store_url_env's URL, not here).",
+    )
+    store_url_env: str = Field(
+        "TRANSLATE_STORE_URL", description="Environment variable whose URL, when set, replaces store_url."
+    )
     metrics_dir: str | None = Field(
         None,
         description="prometheus_client multiprocess directory shared by the replicas of one node; node-local "
@@ -124,6 +133,10 @@ class ServiceConfig(BaseModel):
         if len(set(ids)) != len(ids):
             raise ValueError(f"model ids must be unique, got {ids}")
         return self
+
+    def resolved_store_url(self) -> str:
+        """store_url, or the URL in the store_url_env environment variable when that is set."""
+        return os.environ.get(self.store_url_env, "").strip() or self.store_url
 
     def resolved_api_keys(self) -> list[str]:
         """Keys from the config plus those in the api_keys_env environment variable."""

@@ -83,6 +83,22 @@ class FileLinkError(ServiceError):
     """A /download_file/ link (service/compat/file_links.py) malformed, altered or signed with another secret."""
 
 
+class InvalidGlossaryError(ServiceError):
+    """Glossary entries malformed (TSV or CSV), empty, too long, or with a source term twice."""
+
+
+class GlossaryNotFoundError(ServiceError):
+    """No glossary with that id belongs to the request's key."""
+
+
+class GlossaryTooLargeError(ServiceError):
+    """A glossary past the entry limit, or a key past its number of glossaries."""
+
+
+class StoreUnavailableError(ServiceError):
+    """The shared store (SQLite file or PostgreSQL) cannot be reached."""
+
+
 class UnsupportedLanguageError(ModelNotServedError):
     """A language code, given or detected, that no served model translates from or into."""
 
@@ -122,12 +138,15 @@ STATUS = (
     (ExplanationIdError, 400, "invalid_explanation_id"),
     (UnauthorizedError, 401, "unauthorized"),
     (ExplanationNotFoundError, 404, "explanation_not_found"),
+    (GlossaryNotFoundError, 404, "glossary_not_found"),
     (FileLinkError, 404, "file_not_found"),
     (ModelNotServedError, 404, "model_not_found"),
     (UnknownModelError, 404, "model_not_found"),
     (RouteNotFoundError, 404, "not_found"),
     (BodyTooLargeError, 413, "body_too_large"),
     (InputTooLongError, 413, "input_too_long"),
+    (GlossaryTooLargeError, 413, "glossary_too_large"),
+    (InvalidGlossaryError, 400, "invalid_glossary"),
     (InvalidRequestError, 422, "invalid_request"),
     (MissingParameterError, 422, "missing_parameter"),
     (InvalidParameterError, 422, "invalid_parameter"),
@@ -136,6 +155,7 @@ STATUS = (
     (DecoderBusyError, 503, "overloaded"),  # the continuous scheduler's queue is full
     (NotReadyError, 503, "not_ready"),
     (RequestTimeoutError, 504, "timeout"),
+    (StoreUnavailableError, 503, "store_unavailable"),
 )
 HEADERS = {UnauthorizedError: {"WWW-Authenticate": "Bearer"}}
 # Ray's ways of saying a replica or actor is gone or its call was cancelled: the model is unavailable.
@@ -288,7 +308,7 @@ def _family_status(family: str, status: int, code: str) -> int:
             return 403
         if code == "overloaded":
             return 429
-        if status in (404, 422) and code not in route_errors:
+        if status in (404, 422) and code not in (*route_errors, "glossary_not_found"):
             return 400
     return status
 

@@ -80,6 +80,25 @@ class ProtectedRecord:
 
 
 @dataclass(slots=True)
+class TermRecord:
+    """A glossary term that applied: its source as the text has it, the target the glossary gives, and their
+    character offsets [start, end) into the client's source text and into the translation's `text`."""
+
+    source: str
+    target: str
+    source_span: list[int]
+    target_span: list[int]
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "source_span": self.source_span,
+            "target_span": self.target_span,
+        }
+
+
+@dataclass(slots=True)
 class TranslationRecord:
     """One hypothesis of one text (its alternatives inside the best one), or a text joined from its sentences
     (`sentences` set: then no explanation id, attention or alternatives of its own; service/text/split_texts.py)."""
@@ -102,6 +121,7 @@ class TranslationRecord:
     token_source_shares: list[float] | None = None  # None: source_share was not asked for
     sentences: list[TranslationRecord] | None = None
     protected: list[ProtectedRecord] | None = None  # None: protection was off
+    terms: list[TermRecord] | None = None  # None: no glossary
 
     @property
     def source_share(self) -> float | None:
@@ -134,9 +154,11 @@ class TranslationRecord:
             result["source_share"] = self.source_share
         if self.protected is not None:
             result["protected"] = [span.json() for span in self.protected]
+        if self.terms is not None:
+            result["terms"] = [term.json() for term in self.terms]
         if self.sentences is not None:
             result["sentences"] = [sentence.json() for sentence in self.sentences]
         return result
 
 
-__all__ = ["AttentionRecord", "ProtectedRecord", "TranslationRecord", "TrustFlagRecord", "TrustRecord"]
+__all__ = ["AttentionRecord", "ProtectedRecord", "TermRecord", "TranslationRecord", "TrustFlagRecord", "TrustRecord"]

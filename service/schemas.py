@@ -21,6 +21,7 @@ from model import (
     DecodingOptions,
 )
 from service.explanations import MAX_ID_CHARS
+from service.glossaries import MAX_INLINE_ENTRIES
 
 # /v1's limits (the compatibility routes have their own: service/compat/translation.py).
 V1_MAX_TEXTS = 64  # texts per request
@@ -133,8 +134,21 @@ class TranslateRequest(ModelChoice):
         "lists them in `protected`. false: the text goes to the model as written.",
     )
 
+    glossary: dict[str, str] | None = Field(
+        None,
+        max_length=MAX_INLINE_ENTRIES,
+        description="Terms to use: {source term: target term}. A term applies where its source side occurs in a "
+        "text (whole words, case-insensitively, for English; the characters, for Chinese); each translation lists "
+        "those that applied in `terms`.",
+    )
+    glossary_id: str | None = Field(
+        None, max_length=64, description="A stored glossary (POST /v2/glossaries) for this model's language pair."
+    )
+
     @model_validator(mode="after")
     def _n_best_within_beam(self) -> TranslateRequest:
+        if self.glossary is not None and self.glossary_id is not None:
+            raise ValueError("give glossary or glossary_id, not both")
         if self.n_best > self.beam_size:
             raise ValueError("n_best must not exceed beam_size")
         if self.max_length is not None and self.min_length > self.max_length:
@@ -228,6 +242,15 @@ class ProtectedOut(BaseModel):
     target_span: CharSpan = Field(description="Character offsets [start, end) into this translation's `text`.")
 
 
+class TermOut(BaseModel):
+    """A glossary term that applied to the text."""
+
+    source: str = Field(description="The source term as the text has it.")
+    target: str = Field(description="The target term the glossary gives, as the translation has it.")
+    source_span: CharSpan = Field(description="Character offsets [start, end) into the client's text.")
+    target_span: CharSpan = Field(description="Character offsets [start, end) into this translation's `text`.")
+
+
 class HypothesisOut(BaseModel):
     text: str
     source_tokens: list[str]
@@ -265,6 +288,9 @@ class HypothesisOut(BaseModel):
         description="With protect (the default): every protected span of the source, once per occurrence, and "
         "where it stands in `text`. The token lists, scores and alignment are the model's: it read a stand-in "
         "(a name or a digit) in each span's place.",
+    )
+    terms: list[TermOut] | None = Field(
+        None, description="With a glossary: each of its terms that applied, once per occurrence, and where it stands."
     )
 
 

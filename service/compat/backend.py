@@ -10,6 +10,7 @@ from typing import Protocol
 
 from starlette.requests import Request
 
+from service.glossaries import Glossaries
 from service.messages import TranslateCall
 from service.records import TranslationRecord
 
@@ -48,6 +49,15 @@ class TranslationBackend(Protocol):
     @property
     def request_timeout_s(self) -> float:
         """How long a model call may take before it answers 504."""
+        ...
+
+    @property
+    def glossaries(self) -> Glossaries:
+        """The glossaries every replica shares."""
+        ...
+
+    def owner(self, request: Request) -> str:
+        """Who owns what `request` makes or reads: its API key's digest with keys on, else ""."""
         ...
 
 

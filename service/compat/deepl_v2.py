@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
+from service.compat.deepl_glossaries import glossary_for
 from service.compat.translation import (
     request_fields,
     served_languages,
@@ -64,11 +65,24 @@ def router(backend: BackendProvider) -> APIRouter:
         if tag_handling not in ("", "html", "xml"):
             raise InvalidParameterError(f"Value for 'tag_handling' not supported: {tag_handling}")
         trust = trust_mode(request)
+        source = _single(fields, "source_lang")
+        glossary = None
+        if (glossary_id := _single(fields, "glossary_id")) is not None:
+            if source is None:
+                raise InvalidParameterError("Use of a glossary requires the source_lang parameter to be set")
+            glossary = await glossary_for(backend(request), request, glossary_id)
+            wanted = (source.split("-")[0].lower(), target.split("-")[0].lower())
+            if (glossary.source_lang, glossary.target_lang) != wanted:
+                raise InvalidParameterError(
+                    f"The glossary is {glossary.source_lang.upper()}→{glossary.target_lang.upper()}, "
+                    f"the translation {wanted[0].upper()}→{wanted[1].upper()}"
+                )
         results = await translate_texts(
             backend(request),
             texts,
-            _single(fields, "source_lang"),
+            source,
             target,
+            glossary=glossary,
             html=bool(tag_handling),
             split_sentences=(_single(fields, "split_sentences") or "1") != "0",
             trust=trust,

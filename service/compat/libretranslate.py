@@ -13,6 +13,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
+from service.compat.deepl_glossaries import glossary_for
 from service.compat.file_links import decode_file_link, encode_file_link
 from service.compat.translation import (
     COMPAT_MAX_TEXT_CHARS,
@@ -80,8 +81,17 @@ def router(backend: BackendProvider) -> APIRouter:
         html = text_format == "html"
         service = backend(request)
         trust = trust_mode(request)
+        glossary_id = fields.get("glossary_id")  # an extension: a glossary made through /v2/glossaries
+        glossary = await glossary_for(service, request, _single(glossary_id, "glossary_id")) if glossary_id else None
         results = await translate_texts(
-            service, texts, None if auto else source, target, alternatives=alternatives, html=html, trust=trust
+            service,
+            texts,
+            None if auto else source,
+            target,
+            alternatives=alternatives,
+            html=html,
+            trust=trust,
+            glossary=glossary,
         )
         body: dict[str, Any] = {"translatedText": [r.text for r in results] if is_list else results[0].text}
         if auto:

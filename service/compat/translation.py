@@ -17,13 +17,14 @@ from starlette.requests import Request
 from model import DEFAULT_ALIGNMENT, TRUST_MODES, AlignmentMethod, DecodingOptions
 from service.compat.backend import TranslationBackend
 from service.errors import InvalidParameterError, UnsupportedLanguageError
+from service.glossaries import Glossary
 from service.messages import TranslateCall
 from service.records import TranslationRecord
 from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
 from service.text.inline_tags import place
 from service.text.languages import Detection, detect, name_of, resolve
 from service.text.markup import Block, InlineElement, Markup, parse_markup
-from service.text.protected import Protected, find_spans, model_protections, protect, restore
+from service.text.protected import Protected, find_spans, find_terms, model_protections, protect, restore
 from service.text.sentences import Piece, join
 from service.text.split_texts import text_pieces
 
@@ -162,6 +163,12 @@ def _model_for(backend: TranslationBackend, source: str, target: str, detection:
     )
 
 
+def _terms_for(glossary: Glossary | None, source: str, target: str) -> tuple[tuple[str, str], ...]:
+    if glossary is None or (glossary.source_lang, glossary.target_lang) != (source, target):
+        return ()
+    return glossary.entries
+
+
 @dataclass
 class _Job:
     """One unit of text on its way (a text, a text node, or an HTML block's prose): its sentences and translations."""
@@ -250,9 +257,11 @@ async def translate_texts(
     split_sentences: bool = True,
     trust: str = "off",
     protect_spans: bool = True,
+    glossary: Glossary | None = None,
 ) -> list[TextTranslation]:
     """Translate client texts: source None detects each text's language among the served ones; protect_spans
-    keeps placeholders, URLs, e-mail addresses and long numbers byte for byte."""
+    keeps placeholders, URLs, e-mail addresses and long numbers byte for byte; a glossary's terms apply to the
+    texts in its source language."""
     if not 0 <= alternatives <= MAX_ALTERNATIVES:
         raise InvalidParameterError(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
     target_code = resolve_target(backend, target)
@@ -269,7 +278,8 @@ async def translate_texts(
 
     def job(text: str, language: str, detection: Detection | None) -> _Job:
         # texts up to COMPAT_MAX_TEXT_CHARS: a sentence too long for the model is cut further rather than refused
-        protection = protect(text, language, target_code) if protect_spans else None
+        terms = _terms_for(glossary, language, target_code)
+        protection = protect(text, language, target_code, terms, protect_spans) if protect_spans or terms else None
         pieces = text_pieces(protection.text if protection else text, language, split_sentences, cut_long=True)
         needs_model = any(piece.sentence for piece in pieces)
         model = _model_for(backend, language, target_code, detection) if needs_model else ""
@@ -292,7 +302,9 @@ async def translate_texts(
         entry = _HtmlText(markup)
         for index, block in enumerate(markup.blocks):
             # a block's tags go by the alignment unless it holds spans to keep: then its text nodes go apart
-            tagged = block.elements and block.flat and not (protect_spans and find_spans(block.text))
+            terms = _terms_for(glossary, language, target_code)
+            kept = (protect_spans and find_spans(block.text)) or find_terms(block.text, terms, language, [])
+            tagged = block.elements and block.flat and not kept
             block_job = job(block.text, language, detection) if tagged else None
             if block_job is not None:  # its tags are placed by the alignment: the better one, where served
                 block_job.alignment_method = AlignmentMethod.AGREEMENT

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from service.records import ProtectedRecord, TranslationRecord
+from service.records import ProtectedRecord, TermRecord, TranslationRecord
 from service.text.inline_tags import locate
 from service.text.languages import UNSPACED
 from service.text.sentences import Piece
@@ -33,12 +34,19 @@ _URL_TAIL = ".,;:!?)]}'\"。，；：！？）"
 
 @dataclass(frozen=True)
 class Span:
-    """A stretch of a client text that is kept as written; start and end are character offsets into that text."""
+    """A stretch of a client text that is kept as written (or, a glossary term, written as `replacement`); start
+    and end are character offsets into that text."""
 
-    kind: str  # "placeholder", "url", "email" or "number"
+    kind: str  # "placeholder", "url", "email", "number", or "term"
     start: int
     end: int
     text: str
+    replacement: str | None = None  # a term's target side
+
+    @property
+    def written(self) -> str:
+        """What the translation holds in its place."""
+        return self.text if self.replacement is None else self.replacement
 
 
 def _icu_blocks(text: str) -> list[tuple[int, int]]:
@@ -52,6 +60,24 @@ def _icu_blocks(text: str) -> list[tuple[int, int]]:
                 blocks.append((match.start(), index + 1))
                 break
     return blocks
+
+
+def find_terms(text: str, terms: Sequence[tuple[str, str]], source_lang: str, taken: list[Span]) -> list[Span]:
+    """Where a glossary's source terms occur outside `taken`: whole words, case-insensitively, in a language
+    written with spaces; anywhere in one written without (Chinese). The longest term wins an overlap."""
+    spaced = source_lang.split("-")[0] not in UNSPACED
+    found: list[Span] = []
+    occupied = [(s.start, s.end) for s in taken]
+    for source, target in sorted(terms, key=lambda term: -len(term[0])):
+        pattern = re.escape(source)
+        if spaced:
+            pattern = rf"(?<!\w){pattern}(?!\w)"
+        for match in re.finditer(pattern, text, re.IGNORECASE):
+            start, end = match.span()
+            if all(end <= s or e <= start for s, e in occupied):
+                occupied.append((start, end))
+                found.append(Span("term", start, end, match.group(0), target))
+    return found
 
 
 def find_spans(text: str) -> list[Span]:
@@ -102,6 +128,14 @@ class Protected:
     spans: list[Span] = field(default_factory=list)  # offsets into the client's text
     stand_ins: list[tuple[int, int]] = field(default_factory=list)  # offsets into `text`, one per span
     renderings: list[tuple[str, ...]] = field(default_factory=list)  # how each stand-in may read in the target
+    keep_spans: bool = True  # placeholders, URLs and numbers protected (their list is answered)
+    glossary: bool = False  # a glossary applied (its terms' list is answered)
+
+    def listed(self, placed: list[ProtectedRecord]) -> list[ProtectedRecord] | None:
+        return placed if self.keep_spans else None
+
+    def listed_terms(self, terms: list[TermRecord]) -> list[TermRecord] | None:
+        return terms if self.glossary else None
 
     def within(self, start: int, end: int) -> Protected:
         """The part of this input from `start` to `end` (a sentence of it), its stand-ins' offsets moved there."""
@@ -111,14 +145,24 @@ class Protected:
             [self.spans[i] for i in kept],
             [(self.stand_ins[i][0] - start, self.stand_ins[i][1] - start) for i in kept],
             [self.renderings[i] for i in kept],
+            self.keep_spans,
+            self.glossary,
         )
 
 
-def protect(text: str, source_lang: str, target_lang: str) -> Protected:
-    """The text with each protected span replaced by a stand-in that occurs nowhere in it, nor its renderings."""
-    spans = find_spans(text)
+def protect(
+    text: str,
+    source_lang: str,
+    target_lang: str,
+    terms: Sequence[tuple[str, str]] = (),
+    keep_spans: bool = True,
+) -> Protected:
+    """The text with each protected span (keep_spans) and each glossary term's occurrence replaced by a stand-in
+    that occurs nowhere in it, nor its renderings."""
+    spans = find_spans(text) if keep_spans else []
+    spans = sorted(spans + find_terms(text, terms, source_lang, spans), key=lambda span: span.start)
     if not spans:
-        return Protected(text)
+        return Protected(text, keep_spans=keep_spans, glossary=bool(terms))
     folded = text.casefold()
 
     def unused(pool: list[dict[str, tuple[str, ...]]]) -> list[dict[str, tuple[str, ...]]]:
@@ -127,10 +171,10 @@ def protect(text: str, source_lang: str, target_lang: str) -> Protected:
 
     names, digits = unused(_NAMES), unused(_DIGITS)
     out: list[str] = []
-    protected = Protected("", spans)
+    protected = Protected("", spans, keep_spans=keep_spans, glossary=bool(terms))
     cursor = 0
     for span in spans:
-        numeric = span.kind == "number" or _NUMERIC_PLACEHOLDER.match(span.text)
+        numeric = span.kind == "number" or (span.kind == "placeholder" and _NUMERIC_PLACEHOLDER.match(span.text))
         pool = (digits or names) if numeric else (names or digits)
         out.append(text[cursor : span.start])
         position = sum(len(part) for part in out)
@@ -249,7 +293,8 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
     alternatives likewise. Tokens, scores and alignment stay the model's (they are what it read and wrote)."""
     alternatives = [restore(protected, alternative, target_lang) for alternative in record.alternatives]
     if not protected.spans:
-        return replace(record, protected=[], alternatives=alternatives)
+        listed, terms = protected.listed([]), protected.listed_terms([])
+        return replace(record, protected=listed, terms=terms, alternatives=alternatives)
     target = record.text
     aligned = _aligned_targets(protected, record)
     claimed: list[tuple[int, int]] = []
@@ -283,12 +328,13 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
     spaced = target_lang.split("-")[0] not in UNSPACED
     out: list[str] = []
     placed: list[ProtectedRecord] = []
+    terms: list[TermRecord] = []
     cursor = 0
     for start, end, index in sorted(edits, key=lambda edit: (edit[0], edit[1])):
         out.append(target[cursor:start])
         if index >= 0:
             span = protected.spans[index]
-            text = span.text
+            text = span.written
             if start == end and spaced:  # an insertion between words gets its spaces
                 written = "".join(out)
                 if written and not written[-1].isspace() and (_is_word(written[-1]) or written[-1] in ",;:"):
@@ -296,14 +342,23 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
                 if end < len(target) and _is_word(target[end]):
                     text = text + " "
             offset = sum(len(part) for part in out) + (len(text) - len(text.lstrip(" ")))
-            target_span = [offset, offset + len(span.text)]
-            placed.append(ProtectedRecord(span.text, span.kind, [span.start, span.end], target_span))
+            target_span = [offset, offset + len(span.written)]
+            if span.kind == "term":
+                terms.append(TermRecord(span.text, span.written, [span.start, span.end], target_span))
+            else:
+                placed.append(ProtectedRecord(span.text, span.kind, [span.start, span.end], target_span))
             out.append(text)
         elif spaced and out and out[-1].endswith(" ") and not (end < len(target) and _is_word(target[end])):
             out[-1] = out[-1][:-1]  # a deleted word leaves one space, not two
         cursor = max(cursor, end)
     out.append(target[cursor:])
-    return replace(record, text="".join(out), protected=placed, alternatives=alternatives)
+    return replace(
+        record,
+        text="".join(out),
+        protected=protected.listed(placed),
+        terms=protected.listed_terms(terms),
+        alternatives=alternatives,
+    )
 
 
 def _is_name(renderings: tuple[str, ...]) -> bool:

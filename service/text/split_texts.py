@@ -5,7 +5,9 @@ object laid end to end (`plan_texts`, `model_texts`, `assemble`; the shape schem
 
 from __future__ import annotations
 
-from service.records import ProtectedRecord, TranslationRecord, TrustFlagRecord, TrustRecord
+from dataclasses import replace
+
+from service.records import TranslationRecord, TrustFlagRecord, TrustRecord
 from service.text.sentences import Piece, join_with_starts, split
 
 
@@ -62,12 +64,18 @@ def _joined(pieces: list[Piece], sentences: list[TranslationRecord], target_lang
         pieces, [next(translations) if piece.sentence else "" for piece in pieces], target_language
     )
     result = TranslationRecord(text=text, source_tokens=[], target_tokens=[], alignment=[], sentences=sentences)
+    offsets = [start for piece, start in zip(pieces, starts, strict=True) if piece.sentence]
     if sentences and all(sentence.protected is not None for sentence in sentences):  # offsets into the joined text
-        sentence_starts = [start for piece, start in zip(pieces, starts, strict=True) if piece.sentence]
         result.protected = [
-            ProtectedRecord(span.text, span.kind, span.source_span, [s + offset for s in span.target_span])
-            for sentence, offset in zip(sentences, sentence_starts, strict=True)
+            replace(span, target_span=[s + offset for s in span.target_span])
+            for sentence, offset in zip(sentences, offsets, strict=True)
             for span in sentence.protected
+        ]
+    if sentences and all(sentence.terms is not None for sentence in sentences):
+        result.terms = [
+            replace(term, target_span=[s + offset for s in term.target_span])
+            for sentence, offset in zip(sentences, offsets, strict=True)
+            for term in sentence.terms
         ]
     for sentence in sentences:
         source_offset, target_offset = len(result.source_tokens), len(result.target_tokens)

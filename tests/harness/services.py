@@ -31,6 +31,9 @@ GUARDED_PREFIX = "/guarded"
 # TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
 TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
 CONTINUOUS = TEST_SCHEDULER == "continuous"
+# The real PostgreSQL .ci/run starts (postgresql://user:password@host:port/database): the main test service keeps
+# its glossaries there; unset, in a SQLite file of its own.
+TEST_STORE_URL = os.environ.get("TRANSLATE_TEST_POSTGRES_URL")
 
 
 # An OPUS-MT-style model card of a model trained without guided alignment (OPUS-MT-train's `transformer` type).
@@ -75,7 +78,12 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         {"id": "en-zh", "path": str(models["en-zh"]), "source_lang": "en", "target_lang": "zh", "dtype": "float32"},
         {"id": "zh-en", "path": str(models["zh-en"]), "source_lang": "zh", "target_lang": "en", "dtype": "float32"},
     ]
-    main["args"].update(max_batch_size=16, batch_wait_timeout_s=0.05, metrics_dir=str(metrics_root / "translate"))
+    main["args"].update(
+        max_batch_size=16,
+        batch_wait_timeout_s=0.05,
+        metrics_dir=str(metrics_root / "translate"),
+        store_url=TEST_STORE_URL or f"sqlite:///{metrics_root / 'translate-state.db'}",
+    )
     if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
         main["args"]["scheduler"] = TEST_SCHEDULER
     ingress, en_zh, zh_en = (_deployment(template, n) for n in ("Ingress", "translator-en-zh", "translator-zh-en"))
@@ -97,6 +105,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         max_in_flight_requests=1,  # a second request while one waits: a certain 503
         cors_origins=[ALLOWED_ORIGIN],
         metrics_dir=str(metrics_root / "guarded"),
+        store_url=f"sqlite:///{metrics_root / 'guarded-state.db'}",
     )
     guarded_translator = _deployment(template, "translator-en-zh")
     guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
@@ -120,6 +129,7 @@ def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, por
     config = serve_config_for_tests(models, metrics_root, port)
     main = config["applications"][0]
     main["args"].update({"scheduler": "continuous", "max_rows": 8})
+    main["args"]["store_url"] = f"sqlite:///{metrics_root / 'continuous-state.db'}"
     for model_id, path in ((SHIPPED_MODEL, "en-zh"), (SHIFT_MODEL, str(models[SHIFT_MODEL]))):
         main["args"]["models"].append(
             {"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh", "dtype": "float32"}
