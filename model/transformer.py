@@ -66,17 +66,6 @@ def attention(
     return torch.matmul(dropped, value), weights  # (B, h, T, d_k), (B, h, T, S)
 
 
-def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked.
-
-    Adding 0 leaves an allowed score exactly as it was and the dtype's lowest value gives a
-    masked position weight 0, so the weights equal `attention`'s masked_fill.
-    """
-    if bool(mask.all()):
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with the projections named as in transformers (q/k/v/out_proj)."""

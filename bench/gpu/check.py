@@ -182,8 +182,8 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
     """The decoder step (the decode loop's rows) eagerly against its CUDA graph replay (model/runtime/graphs.py) from 1
     to 256 rows, in float32 and float16; what capturing costs; the encoder's time (whether capturing it too would
     pay); and the ids of both steps on the dev sentences."""
-    from model.decoding.rows import RaggedCache
     from model.runtime import EagerStep
+    from model.runtime.rows import RaggedCache
     from model.runtime.step import GraphStep
     from model.transformer import EncoderOutput
 

@@ -12,8 +12,8 @@ Each request runs `model.decoding.search.beam_step` (greedy is one beam) on its 
 its own length budget, minimum length, length penalty and capture; requests of one beam size step together, one set
 of tensor operations per beam size per step. Its rows read only their own positions and their own source (the cache
 masks the rest with weight exactly 0), so its ids, scores and attention are what it gets decoded alone, up to float
-summation order. The rows live in one ragged KV cache (`RaggedCache`, below) or, on the graph step, its fixed
-buffers (model/runtime/graphs.py StaticRows, `step.rows_cache()`).
+summation order. The rows live in one KV cache of model.runtime.rows: `RaggedCache` or, on the graph step, the fixed
+buffers of graphs.StaticRows (`step.rows_cache()`).
 
 Host reads: one copy per step (model.host.packed_to_host), which brings the step's choices, the finished slots and
 the attention rows the requests keep; the bookkeeping (back-pointers, streaming, hypotheses) is Python over those.
@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from model.decoding.beam import BeamState, beam_step, captured, next_logprobs
-from model.decoding.rows import Moves, RaggedCache
 from model.host import packed_to_host
 from model.runtime import CAPTURE
+from model.runtime.rows import Moves, RaggedCache
 from model.transformer import Transformer
 
 EVERY_HEAD, ONE_HEAD, NOTHING = CAPTURE["every_head"], CAPTURE["one_head"], CAPTURE["nothing"]

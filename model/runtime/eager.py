@@ -6,7 +6,7 @@ whole sequences.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -130,10 +130,8 @@ class DecoderCache:
     """Per-layer K/V for incremental decoding.
 
     Self-attention K/V live in preallocated buffers (rows, h, capacity, d_k) written in
-    place one step at a time; the first `rows` rows are in use. Cross-attention K/V are
-    computed once per source. `reorder` selects batch rows (beam reordering, dropping
-    finished sequences) by copying into a second set of buffers, so that decoding
-    allocates nothing per step.
+    place one step at a time; cross-attention K/V are computed once per source. A forced
+    pass runs on it: every row steps at the same position, and no row moves.
     """
 
     self_key: list[Tensor]
@@ -143,8 +141,6 @@ class DecoderCache:
     source_mask: Tensor | None  # (rows, 1, 1, S) additive float mask over padding; None without padding
     length: int = 0
     capacity: int = 0
-    spare_key: list[Tensor] = field(default_factory=list)
-    spare_value: list[Tensor] = field(default_factory=list)
     self_mask: Tensor | None = None  # every row is at position `length`: nothing to hide
 
     @property
@@ -159,25 +155,6 @@ class DecoderCache:
         self.self_value[layer][:rows, :, self.length : end] = value
         return self.self_key[layer][:rows, :, :end], self.self_value[layer][:rows, :, :end]  # (rows, h, t, d_k)
 
-    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
-        """Row r becomes old row index[r]. same_sources: every row keeps a row of its own source
-        (beams of one input), so when the row count stays the cross-attention K/V stay as they are."""
-        filled, rows = self.length, index.numel()
-        if not self.spare_key:
-            self.spare_key = [torch.empty_like(b) for b in self.self_key]
-            self.spare_value = [torch.empty_like(b) for b in self.self_value]
-        for buffers, spares in ((self.self_key, self.spare_key), (self.self_value, self.spare_value)):
-            for i, buffer in enumerate(buffers):
-                torch.index_select(buffer[:, :, :filled], 0, index, out=spares[i][:rows, :, :filled])
-                buffers[i], spares[i] = spares[i], buffer
-        if same_sources and rows == self.rows:
-            return
-        for buffers in (self.cross_key, self.cross_value):
-            for i, buffer in enumerate(buffers):
-                buffers[i] = buffer.index_select(0, index)
-        if self.source_mask is not None:
-            self.source_mask = self.source_mask.index_select(0, index)
-
 
 def layer_step(
     layer: DecoderLayer, x: Tensor, cache: DecoderCache, index: int, need_weights: bool
@@ -191,7 +168,7 @@ def layer_step(
     query = own.split_heads(own.q_proj(x))  # (N, h, 1, d_k)
     key, value = own.project_key_value(x)  # (N, h, 1, d_k) each
     self_key, self_value = cache.append(index, key, value)  # (N, h, t, d_k)
-    # cache.self_mask: None when every row is at the same position (model.decoding.rows.RaggedCache sets it)
+    # cache.self_mask: None when every row is at the same position (model.runtime.rows.RaggedCache sets it)
     attended, _ = attend_one(own, query, self_key, self_value, cache.self_mask, False)
     x = layer_norm(layer.self_attn_layer_norm, x + attended)
     cross = layer.encoder_attn

@@ -19,33 +19,10 @@ import torch
 from torch import Tensor
 
 from model.runtime import eager
+from model.runtime.rows import ROW_BUCKETS, DecoderRows, Moves, Shape, bucket
 from model.transformer import Transformer
 
 logger = logging.getLogger("model.runtime")
-
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows a graph is captured for; beyond: multiples of the last
-LENGTH_BUCKETS = (16, 32, 64, 128, 256)  # decode capacities and source lengths; beyond: multiples of the last
-
-
-def bucket(count: int, buckets: tuple[int, ...]) -> int:
-    """The smallest bucket that holds `count`; past the largest, `count` rounded up to a multiple of it."""
-    for size in buckets:
-        if count <= size:
-            return size
-    last = buckets[-1]
-    return -(-count // last) * last
-
-
-@dataclass(frozen=True)
-class Shape:
-    rows: int  # decoder rows (inputs × beams), padded
-    capacity: int  # decoding steps the self-attention K/V hold
-    source: int  # source positions of the cross-attention K/V, padded
-
-    @classmethod
-    def holding(cls, rows: int, capacity: int, source: int) -> Shape:
-        return cls(bucket(rows, ROW_BUCKETS), bucket(capacity, LENGTH_BUCKETS), bucket(source, LENGTH_BUCKETS))
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -116,137 +93,68 @@ class GraphSteps:
             return None
 
 
-class StaticRows:
-    """The decode loop's rows (model.decoding.loop) on fixed buffers, for the graph step: rows of
-    different requests at different positions, joining and leaving between steps, as RaggedCache holds them, with
-    the same `join`, `keep`, `clear` and `rows`, but every buffer allocated at bucketed capacity (rows, decode
-    positions, source positions), each row's position held on the device, and the moves of self-attention K/V done
-    inside the next step. A step runs over the first `bucket(rows)` rows at the storage's full capacity and source
-    width (positions a row has not reached and source padding masked), so its shapes change only when the rows
-    cross a bucket: one CUDA graph per row bucket and variant, replayed at every step. Storage grows (and its graphs
-    are dropped) only when a request's rows, source or budget outgrow it. Rows past `rows` are padding: they decode
+class StaticRows(DecoderRows):
+    """The decode loop's rows on fixed buffers, for the graph step (DecoderRows' contract): every buffer at a
+    bucketed shape, each row's position held on the device, and the moves of self-attention K/V done inside the
+    next step. A step runs over the first `bucket(rows)` rows at the storage's full capacity and source width
+    (positions a row has not reached and source padding masked), so its shapes change only when the rows cross a
+    bucket: one CUDA graph per row bucket and variant, replayed at every step. Storage grows (and its graphs are
+    dropped) only when a request's rows, source or budget outgrow it. Rows past `rows` are padding: they decode
     finite numbers nobody reads.
     """
 
     def __init__(self, model: Transformer) -> None:
-        self.model = model
-        layer = model.decoder_layers[0].self_attn
-        self.layers, self.heads, self.d_k = len(model.decoder_layers), layer.heads, layer.d_k
-        self.device = model.final_logits_bias.device
-        self.dtype = model.positions.dtype
+        super().__init__(model, model.positions.dtype)
         self.vocabulary = model.output_weight.size(0)
         self.graphs: dict[tuple[int, Variant], torch.cuda.CUDAGraph] = {}  # this storage's, by (row bucket, variant)
-        self.shape = Shape(0, 0, 0)
-        self.clear()
+        self.pending = "none"
         self._allocate(Shape(0, 0, 0))
+
+    # What a step reads: the whole storage.
+    self_key = property(lambda self: self._self_key)
+    self_value = property(lambda self: self._self_value)
+    cross_key = property(lambda self: self._cross_key)
+    cross_value = property(lambda self: self._cross_value)
+    source_mask = property(lambda self: self._source_mask)  # additive (rows, 1, 1, S)
+    positions = property(lambda self: self._positions)  # each row's next position
 
     def clear(self) -> None:
         """No rows (storage and graphs are kept)."""
-        self._rows = 0
-        self._lengths: list[int] = []  # per row in use: its source length (host)
+        super().clear()
         self.pending = "none"
 
-    @property
-    def rows(self) -> int:
-        return self._rows
-
     def _allocate(self, shape: Shape) -> None:
-        """Buffers at `shape`, what the rows in use hold copied over (zeros elsewhere: a position no row has written
-        must hold finite numbers, since masking multiplies it by a weight of exactly 0)."""
-        old, used, kept = self.shape, self._rows, self.shape.rows > 0
-        if kept and self.pending == "self":  # the moves `keep` left for the next step, done here on the old storage
-            for buffer in (*self.self_key, *self.self_value):
-                buffer[:used] = buffer.index_select(0, self.parents[:used])
+        if self._rows and self.pending == "self":  # the moves `keep` left for the next step, done on the old storage
+            for buffer in (*self._self_key, *self._self_value):
+                buffer[: self._rows] = buffer.index_select(0, self.parents[: self._rows])
             self.pending = "none"
+        super()._allocate(shape)
         rows, capacity, source, device, dtype = shape.rows, shape.capacity, shape.source, self.device, self.dtype
-
-        def fresh(width: int, previous: list[Tensor] | None, length: int) -> list[Tensor]:
-            made = []
-            for i in range(self.layers):
-                buffer = torch.zeros(rows, self.heads, width, self.d_k, device=device, dtype=dtype)
-                if previous:
-                    buffer[:used, :, :length] = previous[i][:used, :, :length]
-                made.append(buffer)
-            return made
-
-        self.self_key = fresh(capacity, self.self_key if kept else None, old.capacity if kept else 0)
-        self.self_value = fresh(capacity, self.self_value if kept else None, old.capacity if kept else 0)
-        self.cross_key = fresh(source, self.cross_key if kept else None, old.source if kept else 0)
-        self.cross_value = fresh(source, self.cross_value if kept else None, old.source if kept else 0)
-        mask = torch.zeros(rows, 1, 1, source, device=device, dtype=dtype)
-        positions = torch.zeros(rows, dtype=torch.long, device=device)
-        if kept:
-            mask[:used, :, :, : old.source] = self.source_mask[:used]
-            mask[:used, :, :, old.source :] = torch.finfo(dtype).min
-            positions[:used] = self.positions[:used]
-        self.source_mask, self.positions = mask, positions  # additive (rows, 1, 1, S); each row's next position
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.identity = torch.arange(rows, device=device)
         self.parents = self.identity.clone()  # row r continues old row parents[r] (the next step moves its K/V)
         self.steps = torch.arange(capacity, device=device)
         self.spare_self = torch.empty(rows, self.heads, capacity, self.d_k, device=device, dtype=dtype)
-        self.spare_cross = torch.empty(rows, self.heads, source, self.d_k, device=device, dtype=dtype)
-        self.spare_mask = torch.empty_like(mask)
         self.logits = torch.zeros(rows, self.vocabulary, device=device, dtype=dtype)
         self.weights = torch.zeros(self.layers, rows, self.heads, source, device=device, dtype=dtype)
         self.last_position = min(capacity, self.model.positions.size(0)) - 1  # where padding rows stop advancing
-        self.shape = shape
         self.graphs = {}
+
+    def _keep_self(self, index: Tensor) -> None:
+        """Self-attention K/V move inside the next step, from the rows `parents` names."""
+        self.parents[: index.numel()].copy_(index)
+        self.pending = "self"
 
     @torch.inference_mode()
     def join(
         self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
         lengths: list[int],
     ) -> None:
-        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0."""
-        added, _, source, _ = cross_keys[0].shape
-        needed = Shape.holding(self._rows + added, capacity, source)
-        if (needed.rows > self.shape.rows or needed.capacity > self.shape.capacity
-                or needed.source > self.shape.source):
-            self._allocate(Shape(max(needed.rows, self.shape.rows), max(needed.capacity, self.shape.capacity),
-                                 max(needed.source, self.shape.source)))
-        new = slice(self._rows, self._rows + added)
-        for buffers, parts in ((self.cross_key, cross_keys), (self.cross_value, cross_values)):
-            for buffer, part in zip(buffers, parts, strict=True):
-                buffer[new, :, :source] = part
-        lowest = torch.finfo(self.dtype).min
-        self.source_mask[new] = lowest
-        self.source_mask[new, 0, 0, :source] = torch.zeros_like(source_mask, dtype=self.dtype).masked_fill_(
-            ~source_mask, lowest)
-        self.positions[new] = 0
-        self._rows += added
-        self._lengths.extend(lengths)
+        super().join(cross_keys, cross_values, source_mask, capacity, lengths)
 
     @torch.inference_mode()
-    def keep(self, index: Tensor, same_sources: bool = False, moves: list[tuple[int, int, int]] | None = None) -> None:
-        """Row r becomes old row index[r] (RaggedCache.keep's contract): each row's source state (cross K/V, source
-        mask, position) moves now, as `moves` says or by gathering; its self-attention K/V move inside the next
-        step (`parents`)."""
-        count = index.numel()
-        if count == 0:
-            self.clear()
-            return
-        self.parents[:count].copy_(index)
-        self.pending = "self"
-        if same_sources and count == self._rows:
-            return
-        if moves is not None:
-            for old, new, rows in moves:
-                for buffer in (*self.cross_key, *self.cross_value):
-                    buffer[new : new + rows] = buffer[old : old + rows]
-                self.source_mask[new : new + rows] = self.source_mask[old : old + rows]
-                self.positions[new : new + rows] = self.positions[old : old + rows]
-                self._lengths[new : new + rows] = self._lengths[old : old + rows]
-        else:
-            for buffer in (*self.cross_key, *self.cross_value):
-                torch.index_select(buffer[: self._rows], 0, index, out=self.spare_cross[:count])
-                buffer[:count] = self.spare_cross[:count]
-            torch.index_select(self.source_mask[: self._rows], 0, index, out=self.spare_mask[:count])
-            self.source_mask[:count] = self.spare_mask[:count]
-            self.positions[:count] = self.positions[: self._rows].index_select(0, index)
-            self._lengths = [self._lengths[r] for r in index.tolist()]
-        self._rows = count
-        del self._lengths[count:]
+    def keep(self, index: Tensor, same_sources: bool = False, moves: Moves | None = None) -> None:
+        super().keep(index, same_sources, moves)
 
 
 class _RowsView:

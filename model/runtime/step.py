@@ -57,7 +57,7 @@ class EagerStep:
     Loop drives its `decode_rows` from Python (it has no compiled decode loop)."""
 
     new_loop = None  # no compiled decode loop: model/decoding/loop.py's Loop drives decode_rows
-    rows_cache = None  # the loop keeps its rows in its own ragged cache (model.decoding.rows.RaggedCache)
+    rows_cache = None  # the loop keeps its rows in its own ragged cache (model.runtime.rows.RaggedCache)
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -79,7 +79,7 @@ class EagerStep:
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """One decoder step for every row of the decode loop's ragged cache (model.decoding.rows.RaggedCache) at its
+        """One decoder step for every row of the decode loop's ragged cache (model.runtime.rows.RaggedCache) at its
         own position: logits (N, V), cross-attention per layer (N, h, S)."""
         model = self.model
         cache.prepare()

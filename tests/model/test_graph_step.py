@@ -16,7 +16,7 @@ from model.decoding.scheduler import Scheduler
 from model.decoding.search import beam_search
 from model.options import DecodingOptions
 from model.runtime import EagerStep
-from model.runtime.graphs import LENGTH_BUCKETS, ROW_BUCKETS, Shape, bucket
+from model.runtime.rows import LENGTH_BUCKETS, ROW_BUCKETS, Shape, bucket
 from model.runtime.step import GraphStep
 from tests.harness.tiny import DEVICE
 
