@@ -60,8 +60,14 @@ def name(request) -> str:
 def differing_in_batches(name: str, mode: str) -> dict[int, list[int]]:
     """The dev texts (by index) whose ids differ between decoding alone and in batches of 16 and of 40."""
     translator = Translator.from_pretrained(name, device="cpu", dtype=mode.split()[0])
-    if mode == "int8 through fbgemm":  # the kernel CPUs without int8 tiles choose for int8
-        translator.step.force("int8")
+    if mode == "int8 through fbgemm":
+        # what a CPU without int8 tiles decodes with: the kernels chosen without them (fbgemm's int8 among the
+        # candidates, every candidate checked for batch invariance). Forcing fbgemm everywhere would leave the
+        # matmuls without an int8 copy on the unchecked fp32 `linear`, which MKL on an Intel Xeon with AMX runs
+        # differently for one row and for many (2 of 400 en-zh texts decoded differently)
+        translator.step.choose("int8", without=("tiles",))
+        if not any("int8" in pair.split("/") for pair in translator.step.info.kernels.values()):
+            pytest.skip("fbgemm's int8 wins no matmul on this CPU: nothing of it to check")
     source_ids = dev_source_ids(translator, name)
 
     def decoded(batch: int) -> list[list[int]]:
