@@ -21,6 +21,7 @@ from service.compat.translation import (
 )
 from service.errors import InvalidParameterError, MissingParameterError, json_response
 from service.text.languages import name_of
+from service.text.markup import TagRules
 
 # DeepL lists target variants rather than bare codes for these; every variant maps to the one served code.
 TARGET_VARIANTS = {
@@ -40,15 +41,28 @@ def _single(fields: dict[str, Any], name: str) -> str | None:
     return value or None
 
 
+def _tags(fields: dict[str, Any], name: str) -> frozenset[str]:
+    """A tag list option: a comma-separated string, or a list of them (the SDK sends a list)."""
+    value = fields.get(name)
+    if value is None:
+        return frozenset()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(item, str) for item in values):
+        raise InvalidParameterError(f"Value for '{name}' not supported.")
+    return frozenset(tag.strip().lower() for item in values for tag in item.split(",") if tag.strip())
+
+
 def router(backend: BackendProvider) -> APIRouter:
     """DeepL's v2 routes, translating through the TranslationBackend that `backend(request)` returns.
 
     /v2/translate takes JSON or a form: `text` a list (repeated keys in forms); `source_lang` optional (detection
     per text among the served languages); `target_lang` like ZH, ZH-HANS, EN-US, EN-GB; `tag_handling` "html" or
-    "xml" keeps the tags; `split_sentences` "0" translates each text whole. /v2/languages reads `type` from the
-    query or a form body (as the deepl SDK sends it). Keys: `Authorization: DeepL-Auth-Key KEY`. Errors:
-    {"message": "…"} with DeepL's statuses (service/errors.py). No quota is kept: 456 is never answered. Left out
-    of /openapi.json: the contract is DeepL's.
+    "xml" keeps the tags, with `ignore_tags` (content left as written), `non_splitting_tags` (read inside a
+    sentence) and `splitting_tags` (read as block breaks), each a list or a comma-separated string;
+    `glossary_id` a glossary of the pair (with `source_lang`); `split_sentences` "0" translates each text whole.
+    /v2/languages reads `type` from the query or a form body (as the deepl SDK sends it). Keys: `Authorization:
+    DeepL-Auth-Key KEY`. Errors: {"message": "…"} with DeepL's statuses. No quota is kept: 456 is never answered.
+    Left out of /openapi.json: the contract is DeepL's.
     """
     routes = APIRouter(prefix="/v2", include_in_schema=False)
 
@@ -83,6 +97,9 @@ def router(backend: BackendProvider) -> APIRouter:
             source,
             target,
             glossary=glossary,
+            tag_rules=TagRules(
+                _tags(fields, "ignore_tags"), _tags(fields, "non_splitting_tags"), _tags(fields, "splitting_tags")
+            ),
             html=bool(tag_handling),
             split_sentences=(_single(fields, "split_sentences") or "1") != "0",
             trust=trust,

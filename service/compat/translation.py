@@ -23,7 +23,7 @@ from service.records import TranslationRecord
 from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
 from service.text.inline_tags import place
 from service.text.languages import Detection, detect, name_of, resolve
-from service.text.markup import Block, InlineElement, Markup, parse_markup
+from service.text.markup import Block, InlineElement, Markup, TagRules, parse_markup
 from service.text.protected import Protected, find_spans, find_terms, model_protections, protect, restore
 from service.text.sentences import Piece, join
 from service.text.split_texts import text_pieces
@@ -258,6 +258,7 @@ async def translate_texts(
     trust: str = "off",
     protect_spans: bool = True,
     glossary: Glossary | None = None,
+    tag_rules: TagRules | None = None,
 ) -> list[TextTranslation]:
     """Translate client texts: source None detects each text's language among the served ones; protect_spans
     keeps placeholders, URLs, e-mail addresses and long numbers byte for byte; a glossary's terms apply to the
@@ -265,7 +266,7 @@ async def translate_texts(
     if not 0 <= alternatives <= MAX_ALTERNATIVES:
         raise InvalidParameterError(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
     target_code = resolve_target(backend, target)
-    markups: list[Markup | None] = [parse_markup(text) if html else None for text in texts]
+    markups: list[Markup | None] = [parse_markup(text, tag_rules) if html else None for text in texts]
     detections: list[Detection | None]
     if source is None:
         plain = [markup.text if markup is not None else text for markup, text in zip(markups, texts)]

@@ -64,6 +64,31 @@ export function beamSettings() {
   return { beamSize, nBest };
 }
 
+/**
+ * The translation with what it kept marked (protected spans and glossary terms, by their target spans), and the
+ * list of them: each span's text and kind, each term's source and target.
+ */
+function renderKept(translation, text) {
+  const kept = [
+    ...(translation?.protected ?? []).map((span) => ({ ...span, label: t(`kept_${span.kind}`) })),
+    ...(translation?.terms ?? []).map((term) => ({ ...term, text: term.target, kind: "term", label: t("kept_term", term) })),
+  ].sort((a, b) => a.target_span[0] - b.target_span[0]);
+  const parts = [];
+  let cursor = 0;
+  for (const item of kept) {
+    const [start, end] = item.target_span;
+    if (start < cursor || end > text.length) continue; // never split what is already drawn
+    parts.push(text.slice(cursor, start), el("mark", { class: `kept kept-${item.kind}`, title: item.label }, text.slice(start, end)));
+    cursor = end;
+  }
+  parts.push(text.slice(cursor));
+  $("#translation-text").replaceChildren(...parts.filter((part) => part !== ""));
+  $("#kept-block").hidden = kept.length === 0;
+  $("#kept-spans").replaceChildren(
+    ...kept.map((item) => el("li", { class: `kept-${item.kind}` }, el("code", {}, item.text), " ", el("span", { class: "meta" }, item.label))),
+  );
+}
+
 /** The trust block: the score, its findings, and both sentences' words with the flagged ones marked. */
 export function renderTrust(translation) {
   const block = $("#trust-block");
@@ -123,7 +148,7 @@ export function renderTranslation() {
   const e = state.explanation;
   const tr = state.translation;
   const { targetLang } = languages();
-  $("#translation-text").textContent = tr?.text ?? e.translation ?? "";
+  renderKept(tr, tr?.text ?? e.translation ?? "");
   $("#translation-text").lang = targetLang;
   const scores = tr?.token_scores ?? e.token_scores ?? [];
   const score = tr?.score ?? scores.reduce((a, b) => a + b, 0);

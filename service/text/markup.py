@@ -18,6 +18,16 @@ VOID_ELEMENTS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "li
 
 
 @dataclass(frozen=True)
+class TagRules:
+    """Which tags do what beyond the defaults (DeepL's tag_handling options): `ignore` elements keep their content
+    untranslated; `non_splitting` ones sit inside a sentence like <b>; `splitting` ones end a block like <p>."""
+
+    ignore: frozenset[str] = frozenset()
+    non_splitting: frozenset[str] = frozenset()
+    splitting: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class InlineElement:
     """An inline element of a block: its tags as written, and the characters [start, end) of block text it wraps."""
 
@@ -66,8 +76,10 @@ class Markup:
 
 
 class _Reader(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, rules: TagRules) -> None:
         super().__init__(convert_charrefs=True)
+        self.inline = (INLINE_ELEMENTS | rules.non_splitting) - rules.splitting
+        self.untranslated = UNTRANSLATED_ELEMENTS | rules.ignore
         self.markup = Markup()
         self.skipping: list[str] = []  # open elements whose text stays untranslated
         self.block: Block | None = None
@@ -92,7 +104,7 @@ class _Reader(HTMLParser):
         raw = self.get_starttag_text() or f"<{tag}>"
         values = dict(attrs)
         marked = values.get("translate") == "no" or "notranslate" in (values.get("class") or "").split()
-        if tag in INLINE_ELEMENTS and not self.skipping and not marked:
+        if tag in self.inline and not self.skipping and not marked:
             block = self._current_block()
             block.parts.append(raw)
             if block._open:
@@ -100,14 +112,14 @@ class _Reader(HTMLParser):
             block._open.append((tag, raw, len(block.text)))
             return
         self._raw(raw)
-        if tag not in VOID_ELEMENTS and (self.skipping or tag in UNTRANSLATED_ELEMENTS or marked):
+        if tag not in VOID_ELEMENTS and (self.skipping or tag in self.untranslated or marked):
             self.skipping.append(tag)
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._raw(self.get_starttag_text() or f"<{tag}/>")
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in INLINE_ELEMENTS and not self.skipping:
+        if tag in self.inline and not self.skipping:
             block = self._current_block()
             block.parts.append(f"</{tag}>")
             if block._open and block._open[-1][0] == tag:
@@ -151,7 +163,7 @@ class _Reader(HTMLParser):
         self._raw(f"<![{data}]>")
 
 
-def parse_markup(fragment: str) -> Markup:
+def parse_markup(fragment: str, rules: TagRules | None = None) -> Markup:
     """A fragment as raw markup and blocks, read with the standard library's tolerant parser.
 
     Every tag is kept as the client wrote it (start tags byte for byte, end tags as `</name>`). A block is a run of
@@ -160,12 +172,13 @@ def parse_markup(fragment: str) -> Markup:
     characters each inline element wraps. The contents of script, style, code, pre, textarea and of elements marked
     translate="no" or class="notranslate" are not translated. `render` with per-text-node translations always
     holds the markup: a tag stays between the same two text nodes; the output escapes &, < and > in translations.
+    `rules` adds tags to leave untranslated, to read as inline, or to read as block breaks (DeepL's options).
     """
-    reader = _Reader()
+    reader = _Reader(rules or TagRules())
     reader.feed(fragment)
     reader.close()
     reader._close_block()
     return reader.markup
 
 
-__all__ = ["Block", "INLINE_ELEMENTS", "InlineElement", "Markup", "parse_markup"]
+__all__ = ["Block", "INLINE_ELEMENTS", "InlineElement", "Markup", "TagRules", "parse_markup"]

@@ -776,3 +776,17 @@ def test_the_pages_word_grouping_is_the_services(page):
         cases,
     )
     assert grouped == [word_groups(pieces) for pieces in cases]
+
+
+def test_the_viewer_marks_what_the_translation_kept_as_written(page, api, model):
+    text = "Hello %s, open https://example.com/help for 4521 files."
+    translate(page, model, text=text, beam_size=2, n_best=1)
+    marked = page.eval_on_selector_all("#translation-text mark.kept", "nodes => nodes.map(n => n.textContent)")
+    assert sorted(marked) == sorted(["%s", "https://example.com/help", "4521"])  # in the translation's order
+    shown = page.inner_text("#translation-text")
+    body = {"texts": [text], "model": model["id"], "beam_size": 2, "n_best": 1, "attention": "none",
+            "split_sentences": False, "alignment_method": "agreement"}  # fmt: skip
+    assert shown == api.post("/v1/translate", json=body).json()["translations"][0]["text"]
+    listed = page.eval_on_selector_all("#kept-spans li code", "nodes => nodes.map(n => n.textContent)")
+    assert sorted(listed) == sorted(["%s", "https://example.com/help", "4521"])
+    assert page.is_visible("#kept-block")

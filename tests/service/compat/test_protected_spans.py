@@ -140,3 +140,15 @@ def test_a_text_in_libretranslate_html_keeps_spans_inside_text_nodes(service_url
     assert response.status_code == 200, response.text
     translated = response.json()["translatedText"]
     assert "{{user}}" in translated and "me@example.org" in translated and translated.startswith("<p>")
+
+
+def test_deepl_ignore_tags_keep_their_content_as_written_and_non_splitting_tags_stay_balanced(service_url):
+    translator = deepl.Translator("any-key", server_url=service_url)
+    text = "<p>Open <x>the file</x> and <term>green tea</term> now.</p>"
+    ignored = translator.translate_text(
+        text, source_lang="EN", target_lang="ZH", tag_handling="xml", ignore_tags=["x"], non_splitting_tags="term"
+    ).text
+    assert "<x>the file</x>" in ignored and ignored.startswith("<p>") and ignored.endswith("</p>")
+    assert ignored.count("<term>") == 1 and ignored.count("</term>") == 1
+    plain = translator.translate_text(text, source_lang="EN", target_lang="ZH", tag_handling="xml").text
+    assert "<x>the file</x>" not in plain  # without ignore_tags its words are translated

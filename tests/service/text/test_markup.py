@@ -2,7 +2,7 @@
 
 import re
 
-from service.text.markup import parse_markup
+from service.text.markup import TagRules, parse_markup
 
 TAG = re.compile(r"<[^>]+>")
 
@@ -27,3 +27,14 @@ def test_whitespace_between_tags_is_not_translated():
     markup = parse_markup("<ul>\n  <li>One</li>\n</ul>")
     assert markup.units == ["One"]
     assert markup.render(["一"]) == "<ul>\n  <li>一</li>\n</ul>"
+
+
+def test_tag_rules_leave_ignored_elements_as_written_and_read_others_inline_or_as_breaks():
+    fragment = "<doc>Open <x>the file</x> with <term>green tea</term> <b>now</b>.</doc>"
+    markup = parse_markup(fragment, TagRules(ignore=frozenset({"x"}), non_splitting=frozenset({"term"}),
+                                             splitting=frozenset({"b"})))  # fmt: skip
+    assert "the file" not in markup.units
+    texts = [block.text for block in markup.blocks]
+    assert " with green tea " in texts  # <term> inside the sentence: one block with its words
+    assert "now" in texts  # <b> made a break: its words are a block of their own
+    assert markup.render([f"[{unit}]" for unit in markup.units]).count("<x>the file</x>") == 1
