@@ -54,7 +54,7 @@ _PUBLIC = {
     "DecodingOptions": ("model.options", "DecodingOptions"),
     "Transformer": ("model.transformer", "Transformer"),
     **{
-        name: ("model.translation", name)
+        name: ("model.results", name)
         for name in ("Explanation", "StreamedToken", "Translation")
     },
     "Translator": ("model.translator", "Translator"),
@@ -141,7 +141,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from model.explanations.attribution import Attributions
     from model.explanations.explain import AttentionSteps
     from model.options import MAX_BEAM_SIZE, DecodingOptions
+    from model.results import Explanation, StreamedToken, Translation
     from model.transformer import Transformer
-    from model.translation import Explanation, StreamedToken, Translation
     from model.translator import Translator
     from model.trust import Trust, TrustFlag

@@ -17,11 +17,11 @@ from model.explanations.agreement import AlignmentChoice, AlignmentItem, Alignme
 from model.explanations.alignment import attention_links, shift_rows
 from model.explanations.explain import forced_alignment_rows, forced_readings
 from model.host import matrices_to_lists
-from model.tokenizer import is_lone_space, is_special_piece, word_groups
+from model.tokenizer import MarianTokenizer, is_lone_space, is_special_piece, word_groups
+from model.transformer import Transformer
 
 if TYPE_CHECKING:
-    from model.translation import Translation
-    from model.translator import Translator
+    from model.results import Translation
 
 
 def word_links(
@@ -63,11 +63,11 @@ class ReverseReading:
     """The reverse model's reading of translations forced back (each one's source forced after it), shared by the
     agreement and trust "full" of one batch: each (source, translation) is tokenized for the reverse model once and
     forced once, its alignment rows (`rows`) and token log-probabilities (`logprobs`) read from the same pass.
-    Give one to Translator.with_agreements and Translator.assess over the same translations; made without one,
-    each reads what it needs alone."""
+    `Translator.reverse_reading` makes one (of that model's Aligner); give it to Translator.with_agreements and
+    Translator.assess over the same translations; made without one, each reads what it needs alone."""
 
-    def __init__(self, reverse: Translator, rows: bool = True, logprobs: bool = True) -> None:
-        self.reverse, self.want_rows, self.want_logprobs = reverse, rows, logprobs
+    def __init__(self, reverse: Aligner, rows: bool = True, logprobs: bool = True) -> None:
+        self.reverse, self.want_rows, self.want_logprobs = reverse, rows, logprobs  # the reverse model's Aligner
         self._pairs: dict[tuple[str, str], tuple[Pair | None, str | None]] = {}
         self._read: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[AlignmentRows | None, list[float] | None]] = {}
         self.forced = 0  # pairs forced through the reverse model so far
@@ -76,7 +76,7 @@ class ReverseReading:
         """Aligner.reverse_pair of the reverse model, once per (source, translation)."""
         key = (source_text, translation)
         if key not in self._pairs:
-            self._pairs[key] = self.reverse._aligner.reverse_pair(source_text, translation)
+            self._pairs[key] = self.reverse.reverse_pair(source_text, translation)
         return self._pairs[key]
 
     def rows(self, pairs: list[Pair]) -> list[AlignmentRows]:
@@ -91,10 +91,10 @@ class ReverseReading:
         missing = list(dict.fromkeys(k for k in keys if self._read.get(k, (None, None))[part] is None))
         if missing:
             want_rows, want_logprobs = self.want_rows or rows, self.want_logprobs or not rows
-            aligner, reverse = self.reverse._aligner, self.reverse
+            aligner = self.reverse
             forced = [(list(source), list(target)) for source, target in missing]
             read = forced_readings(
-                reverse.exact_model, forced, reverse.alignment_head if want_rows else None, want_logprobs
+                aligner.exact_model, forced, aligner.alignment_head if want_rows else None, want_logprobs
             )
             matrices = [r.rows for r in read] if want_rows else None
             made = aligner.forced_rows(forced, matrices) if want_rows else [None] * len(forced)
@@ -106,13 +106,23 @@ class ReverseReading:
 
 
 class Aligner:
-    """One translator's alignments: its links from rows, its forced rows, its side of an agreement."""
+    """One model's alignments: its links from rows, its forced rows (through `exact_model`), its side of an
+    agreement. `name` says whose, in notes; `max_positions` bounds a pair it forces."""
 
-    def __init__(self, translator: Translator) -> None:
-        self.translator = translator
+    def __init__(
+        self,
+        tokenizer: MarianTokenizer,
+        exact_model: Transformer,
+        alignment_head: tuple[int, int | None],
+        alignment_shift: bool,
+        name: str,
+    ) -> None:
+        self.tokenizer, self.exact_model, self.name = tokenizer, exact_model, name
+        self.alignment_head, self.alignment_shift = alignment_head, alignment_shift
+        self.max_positions = exact_model.config.max_position_embeddings
 
     def with_agreements(
-        self, translations: list[Translation], reverse: Translator, reading: ReverseReading | None = None
+        self, translations: list[Translation], reverse: Aligner, reading: ReverseReading | None = None
     ) -> list[Translation]:
         """Translator.with_agreements."""
         hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
@@ -153,9 +163,9 @@ class Aligner:
 
     def pair_ids(self, source: str, target: str) -> tuple[list[int], list[int]]:
         """(source ids, target ids) of a pair to force; InputTooLongError past the model's positions."""
-        source_ids = self.translator.tokenizer.encode_source(source)
-        target_ids = self.translator.tokenizer.encode_target(target)
-        limit = self.translator.config.max_position_embeddings
+        source_ids = self.tokenizer.encode_source(source)
+        target_ids = self.tokenizer.encode_target(target)
+        limit = self.max_positions
         if max(len(source_ids), len(target_ids)) > limit:
             raise InputTooLongError(f"the pair has more than the {limit} tokens this model accepts")
         return source_ids, target_ids
@@ -170,7 +180,7 @@ class Aligner:
         try:
             return self.pair_ids(translation, source_text), None
         except InputTooLongError:
-            return None, f"the pair is too long for the reverse model {self.translator.name}"
+            return None, f"the pair is too long for the reverse model {self.name}"
 
     def forced_rows(
         self, pairs: list[tuple[list[int], list[int]]], matrices: list[Tensor | None] | None = None
@@ -180,11 +190,10 @@ class Aligner:
         the exact model in shared batches (model.explanations.explain.forced_alignment_rows)."""
         matrices = list(matrices) if matrices is not None else [None] * len(pairs)
         missing = [i for i, matrix in enumerate(matrices) if matrix is None]
-        model, head = self.translator.exact_model, self.translator.alignment_head
-        computed = forced_alignment_rows(model, [pairs[i] for i in missing], *head)
+        computed = forced_alignment_rows(self.exact_model, [pairs[i] for i in missing], *self.alignment_head)
         for i, matrix in zip(missing, computed, strict=True):
             matrices[i] = matrix
-        tokenizer = self.translator.tokenizer
+        tokenizer = self.tokenizer
         return [
             AlignmentRows(
                 self.read_rows(matrix), tokenizer.source_tokens(source), tokenizer.target_tokens(target)
@@ -193,10 +202,10 @@ class Aligner:
         ]
 
     def read_rows(self, matrix: Tensor) -> Tensor:
-        return shift_rows(matrix) if self.translator.alignment_shift else matrix
+        return shift_rows(matrix) if self.alignment_shift else matrix
 
     def agreements(
-        self, items: list[AlignmentItem], reverse: Translator | None, reading: ReverseReading | None = None
+        self, items: list[AlignmentItem], reverse: Aligner | None, reading: ReverseReading | None = None
     ) -> list[AlignmentChoice]:
         """Per item, the alignment agreed with `reverse`, or the head's one-best given (without `reverse`, or where
         the reverse model cannot read the pair: the note says why).
@@ -208,7 +217,7 @@ class Aligner:
         results: list[AlignmentChoice | None] = [None] * len(items)
         wanted: list[int] = []
         backward: list[tuple[list[int], list[int]]] = []
-        tokenizer = self.translator.tokenizer
+        tokenizer = self.tokenizer
         texts = [(tokenizer.source_text(item.source_ids), tokenizer.detokenize(item.target_ids)) for item in items]
 
         def head(item: AlignmentItem, note: str | None = None) -> AlignmentChoice:

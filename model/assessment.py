@@ -9,18 +9,18 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from model.agreeing import ReverseReading
+from model.agreeing import Aligner, ReverseReading
 from model.calibration import Calibration, uncalibrated_score
 from model.choices import TRUST_MODES
 from model.decoding.search import length_budget
 from model.errors import InvalidInputError
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
+from model.tokenizer import MarianTokenizer
 from model.trust import Trust, _Reading, frequent_pieces, piece_scores, signals_and_flags
 
 if TYPE_CHECKING:
-    from model.translation import Translation
-    from model.translator import Translator
+    from model.results import Translation
 
 
 def calibration_fit(calibration: Calibration | None, mode: str):
@@ -56,16 +56,16 @@ class Assessor:
     """One translator's trust pass, with what it reads of the source tokenizer once (its most frequent pieces, each
     piece's unigram score)."""
 
-    def __init__(self, translator: Translator) -> None:
-        self.translator = translator
+    def __init__(self, tokenizer: MarianTokenizer, aligner: Aligner, max_positions: int) -> None:
+        self.tokenizer, self.aligner, self.max_positions = tokenizer, aligner, max_positions
 
     @functools.cached_property
     def frequent(self) -> frozenset[str]:
-        return frequent_pieces(self.translator.tokenizer.source_spm)
+        return frequent_pieces(self.tokenizer.source_spm)
 
     @functools.cached_property
     def piece_scores(self) -> dict[str, float]:
-        return piece_scores(self.translator.tokenizer.source_spm)
+        return piece_scores(self.tokenizer.source_spm)
 
     @functools.cached_property
     def rarest(self) -> float:
@@ -75,12 +75,12 @@ class Assessor:
         self,
         translations: list[Translation],
         mode: str,
-        reverse: Translator | None,
+        reverse: Aligner | None,
         options: DecodingOptions | None,
+        calibration: Calibration | None,
         reading: ReverseReading | None = None,
     ) -> None:
-        """Translator.assess."""
-        translator = self.translator
+        """Translator.assess (`reverse`: the reverse model's Aligner; `calibration`: this model's)."""
         if mode not in TRUST_MODES:
             raise InvalidInputError(f"trust must be one of {', '.join(TRUST_MODES)}")
         if mode == "off":
@@ -88,7 +88,7 @@ class Assessor:
         hypotheses = [h for t in translations if t.target_ids for h in (t, *t.alternatives)]
         if mode == "full" and reverse is None:
             mode = "fast"
-        texts = [(translator.tokenizer.source_text(h.source_ids), h.text) for h in hypotheses]
+        texts = [(self.tokenizer.source_text(h.source_ids), h.text) for h in hypotheses]
         backward: dict[int, tuple[list[int], list[int]]] = {}
         if mode == "full":
             reading = reading if reading is not None else ReverseReading(reverse, rows=False, logprobs=True)
@@ -97,13 +97,13 @@ class Assessor:
                 if pair is not None:
                     backward[index] = pair
         reverse_scores = dict(zip(backward, reading.logprobs(list(backward.values())) if backward else []))
-        eos = translator.tokenizer.eos_id
+        eos = self.tokenizer.eos_id
         # At the length budget the search ends a hypothesis with </s> (Marian's forced_eos_token_id), so a
         # hypothesis that long with </s> last was cut; one without </s> (a client's target) never ended.
-        budget, limit = options or DecodingOptions(), translator.config.max_position_embeddings
+        budget, limit = options or DecodingOptions(), self.max_positions
         # every hypothesis's rows on the host in one read (the trust signals are Python over those lists)
         with_rows = [i for i, h in enumerate(hypotheses) if h.alignment_rows is not None]
-        read = matrices_to_lists([translator._aligner.read_rows(hypotheses[i].alignment_rows) for i in with_rows])
+        read = matrices_to_lists([self.aligner.read_rows(hypotheses[i].alignment_rows) for i in with_rows])
         host_rows = dict(zip(with_rows, read, strict=True))
         for index, hypothesis in enumerate(hypotheses):
             reading = _Reading(
@@ -130,7 +130,7 @@ class Assessor:
             if used == "full":
                 logprobs = reverse_scores[index]
                 signals["reverse_logprob"] = sum(logprobs) / len(logprobs)
-            fit = calibration_fit(translator.calibration, used)
+            fit = calibration_fit(calibration, used)
             score = fit.probability(signals) if fit is not None else uncalibrated_score(signals)
             held_out = fit.held_out(score) if fit is not None else None
             hypothesis.trust = Trust(round(score, 4), flags, signals, used, fit is not None, held_out)

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy
 from model.options import DecodingOptions
-from model.translation import StreamedToken, Translation, blank_translation
-
-if TYPE_CHECKING:
-    from model.translator import Translator
+from model.results import StreamedToken, Translation, blank_translation
+from model.transformer import Transformer
+from model.translation import Builder
 
 
 class TextLoop:
-    """One translator's decode loop and what feeds it."""
+    """One model's decode loop and what feeds it: texts encoded by `encode_source`, finished ones built by
+    `builder`."""
 
     def __init__(
         self,
-        translator: Translator,
+        model: Transformer,
+        step,
+        alignment_head: tuple[int, int | None],
+        encode_source: Callable[[list[str]], list[list[int]]],
+        builder: Builder,
         policy: Policy,
         max_rows: int,
         max_texts: int | None,
@@ -31,13 +34,13 @@ class TextLoop:
         on_joined: Callable[[Batch, list[float]], None] | None,
         on_done: Callable[[Batch], None] | None,
     ) -> None:
-        self.translator = translator
+        self.encode_source, self.builder = encode_source, builder
         self.loop = DecodeLoop(
-            translator.model,
+            model,
             max_rows=max_rows,
             max_waiting=max_waiting,
-            alignment_head=translator.alignment_head,
-            step=translator.step,
+            alignment_head=alignment_head,
+            step=step,
             policy=policy,
             max_texts=max_texts,
             gather_s=gather_s,
@@ -60,12 +63,12 @@ class TextLoop:
     ) -> Future:
         """Translator.submit."""
         if source_ids is None:
-            (source_ids,) = self.translator.encode_source([text])
+            (source_ids,) = self.encode_source([text])
         if not text.strip():
             result: Future = Future()
             result.set_result(blank_translation())
             return result
-        streamed = self.translator._builder.streamed(on_token) if on_token is not None else None
+        streamed = self.builder.streamed(on_token) if on_token is not None else None
         return self.loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True)
 
     def cancel(self, future: Future) -> None:
@@ -73,6 +76,6 @@ class TextLoop:
 
     def _finished(self, requests: list[DecodeRequest]) -> list[Translation]:
         """The loop's `finish`: the Translations of the requests one step finished, built together."""
-        return self.translator._builder.translations(
+        return self.builder.translations(
             [r.source_ids for r in requests], [r.hypotheses for r in requests], [r.return_attention for r in requests]
         )

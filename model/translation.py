@@ -1,91 +1,22 @@
-"""What the engine answers with (Translation, StreamedToken, Explanation) and how a decode's hypotheses become
-Translations: tokens, text and alignments built for a whole batch from one host read of its alignment rows.
+"""How a decode's hypotheses become Translations (model.results): tokens, text and alignments built for a whole batch
+from one host read of its alignment rows; and the checks and options every entry point shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from model.choices import AlignmentMethod
+from model.agreeing import Aligner
 from model.config import ModelConfig
 from model.decoding.search import Hypothesis
 from model.errors import InputTooLongError, InvalidInputError
 from model.explanations.alignment import alignment_matrix
 from model.host import matrices_to_lists
 from model.options import DecodingOptions
+from model.results import StreamedToken, Translation, blank_translation
 from model.tokenizer import MarianTokenizer
-from model.trust import Trust
-
-if TYPE_CHECKING:
-    from model.translator import Translator
-
-
-@dataclass
-class Translation:
-    """One translated text, its tokens, scores and the attention that produced it."""
-
-    text: str
-    source_tokens: list[str]
-    target_tokens: list[str]
-    source_ids: list[int]
-    target_ids: list[int]
-    score: float
-    token_logprobs: list[float]
-    alignment: list[tuple[int, int]]  # (source token index, target token index), one per target token
-    word_alignment: list[tuple[int, int]]  # (source word index, target word index)
-    source_words: list[str]
-    target_words: list[str]
-    cross_attention: Tensor | None = None  # (layers, heads, T, S)
-    alternatives: list[Translation] = field(default_factory=list)
-    # HEAD: one link per target token; AGREEMENT: model.explanations.agreement
-    alignment_method: AlignmentMethod = AlignmentMethod.HEAD
-    alignment_note: str | None = None  # why "agreement" was asked for and "head" given
-    # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
-    alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
-    trust: Trust | None = None  # how far to believe it (Translator.assess; model.trust)
-
-
-@dataclass
-class StreamedToken:
-    """One token as greedy decoding produced it (Translator.submit's on_token)."""
-
-    index: int  # position in the output, from 0; the last streamed token is </s>
-    token_id: int
-    piece: str
-    logprob: float
-    attention: list[float] | None  # the alignment head's weights over the source tokens (</s> last) at this step
-
-
-@dataclass
-class Explanation:
-    """A given (source, target) pair run through the model by teacher forcing: the maps that produced it."""
-
-    source_ids: list[int]
-    target_ids: list[int]
-    source_tokens: list[str]
-    target_tokens: list[str]
-    source_text: str
-    text: str
-    token_logprobs: list[float]
-    alignment: list[tuple[int, int]]
-    word_alignment: list[tuple[int, int]]
-    source_words: list[str]
-    target_words: list[str]
-    alignment_head: tuple[int, int | None]
-    cross_attention: Tensor  # (decoder_layers, heads, T, S)
-    encoder_self_attention: Tensor | None = None  # (encoder_layers, heads, S, S)
-    alignment_shift: bool = False  # alignments read at the step where each target token is the decoder's input
-    alignment_method: AlignmentMethod = AlignmentMethod.HEAD  # as Translation's
-    alignment_note: str | None = None
-
-
-def blank_translation() -> Translation:
-    """What a blank text translates to: nothing, with nothing to explain."""
-    return Translation("", [], [], [], [], 0.0, [], [], [], [], [], None)
 
 
 def decoding_options(options: DecodingOptions | None, settings: dict) -> DecodingOptions:
@@ -127,17 +58,17 @@ def check_source_ids(config: ModelConfig, source_ids: list[list[int]]) -> None:
 
 
 class Builder:
-    """One translator's Translations of decoded hypotheses, and its streamed tokens."""
+    """One model's Translations of decoded hypotheses, and its streamed tokens."""
 
-    def __init__(self, translator: Translator) -> None:
-        self.translator = translator
+    def __init__(self, tokenizer: MarianTokenizer, aligner: Aligner, alignment_head: tuple[int, int | None]) -> None:
+        self.tokenizer, self.aligner, self.alignment_head = tokenizer, aligner, alignment_head
 
     def translations(
         self, source_ids: list[list[int]], nbest: list[list[Hypothesis]], keep_attention: list[bool]
     ) -> list[Translation]:
         """The Translations of decoded texts (their n-best, best first; [] for a blank text). Every hypothesis's
         alignment rows come to the host in one read; what follows is Python over those lists."""
-        aligner = self.translator._aligner
+        aligner = self.aligner
         matrices = [self.alignment_matrix(h) for hs in nbest for h in hs]
         aligned = iter(zip(matrices, matrices_to_lists([aligner.read_rows(m) for m in matrices]), strict=True))
         results = []
@@ -155,7 +86,7 @@ class Builder:
         """The alignment head's (T, S) rows of a hypothesis, unread (from its maps where it kept them)."""
         attention = hypothesis.cross_attention
         if attention is not None:
-            return alignment_matrix(attention, *self.translator.alignment_head)
+            return alignment_matrix(attention, *self.alignment_head)
         return hypothesis.alignment_attention
 
     def build(
@@ -164,12 +95,12 @@ class Builder:
     ) -> Translation:
         """A Translation of one hypothesis; `matrix` and `rows`: its alignment rows (`alignment_matrix`) and the
         same read, as host lists, where the caller made them for a whole batch, else made here."""
-        tokenizer = self.translator.tokenizer
+        tokenizer = self.tokenizer
         source_tokens = tokenizer.source_tokens(source_ids)
         target_tokens = tokenizer.target_tokens(hypothesis.token_ids)
         if matrix is None:
             matrix = self.alignment_matrix(hypothesis)
-        pairs, words = self.translator._aligner.links(matrix, source_tokens, target_tokens, rows)
+        pairs, words = self.aligner.links(matrix, source_tokens, target_tokens, rows)
         return Translation(
             text=tokenizer.detokenize(hypothesis.token_ids),
             source_tokens=source_tokens,
@@ -194,9 +125,9 @@ class Builder:
             # its maps (return_attention), whose alignment head's row is read as for a whole output
             row = None
             if attention is not None:
-                head = self.translator.alignment_head
+                head = self.alignment_head
                 row = (attention if attention.dim() == 1 else alignment_matrix(attention, *head)).tolist()
-            piece = self.translator.tokenizer.target_tokens([token_id])[0]
+            piece = self.tokenizer.target_tokens([token_id])[0]
             on_token(StreamedToken(request.step - 1, token_id, piece, logprob, row))
 
         return each

@@ -30,19 +30,12 @@ from model.explanations.explain import AttentionSteps
 from model.loading import translator_parts
 from model.looping import TextLoop
 from model.options import DecodingOptions
+from model.results import Explanation, StreamedToken, Translation
 from model.runtime import load_step
 from model.runtime.step import weights_precision
 from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
-from model.translation import (
-    Builder,
-    Explanation,
-    StreamedToken,
-    Translation,
-    check_source_ids,
-    decoding_options,
-    encode_texts,
-)
+from model.translation import Builder, check_source_ids, decoding_options, encode_texts
 
 __all__ = ["Explanation", "StreamedToken", "Translation", "Translator"]
 
@@ -72,8 +65,10 @@ class Translator:
         self.alignment = self.config.alignment_source(model_card)
         self.calibration = calibration  # trust's fit (trust.json beside the weights), or None: uncalibrated
         self._loop: TextLoop | None = None
-        self._builder, self._aligner = Builder(self), Aligner(self)
-        self._assessor, self._explainer = Assessor(self), Explainer(self)
+        self._aligner = Aligner(tokenizer, self.exact_model, self.alignment_head, self.alignment_shift, name)
+        self._builder = Builder(tokenizer, self._aligner, self.alignment_head)
+        self._assessor = Assessor(tokenizer, self._aligner, self.config.max_position_embeddings)
+        self._explainer = Explainer(model, self.exact_model, self.step, tokenizer, self._aligner, self._builder)
 
     @classmethod
     def from_pretrained(
@@ -199,7 +194,10 @@ class Translator:
         DecodeLoop says what `policy` and each limit mean); on_joined(batch, waits) and on_done(batch) are called
         from its thread as a batch joins and as its last text leaves (metrics)."""
         if self._loop is None:
-            self._loop = TextLoop(self, policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done)
+            self._loop = TextLoop(
+                self.model, self.step, self.alignment_head, self.encode_source, self._builder,
+                policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done,
+            )
 
     @property
     def decoder_rows(self) -> int:
@@ -240,7 +238,12 @@ class Translator:
     ) -> list[Translation]:
         """`translations` (made without `reverse`, and their alternatives) with the alignment agreed with `reverse`,
         as `translate(..., reverse=reverse)` gives it; `reading`: the reverse model's to share with `assess`."""
-        return self._aligner.with_agreements(translations, reverse, reading)
+        return self._aligner.with_agreements(translations, reverse._aligner, reading)
+
+    def reverse_reading(self, rows: bool = True, logprobs: bool = True) -> ReverseReading:
+        """This model's reading, as the reverse model, of translations forced back: one to share between
+        `with_agreements` (rows) and `assess` "full" (log-probabilities) of the other model over one batch."""
+        return ReverseReading(self._aligner, rows, logprobs)
 
     def assess(
         self,
@@ -253,7 +256,8 @@ class Translator:
         """Set `trust` on every translation and alternative (model.trust): "fast" from the decode alone, "full" also
         from `reverse` forced back over each pair (else "fast"; `reading`: shared with `with_agreements`), "off" none;
         `options`: what they were decoded with."""
-        self._assessor.assess(translations, mode, reverse, options, reading)
+        aligner = reverse._aligner if reverse is not None else None
+        self._assessor.assess(translations, mode, aligner, options, self.calibration, reading)
 
     def trust_fit(self, mode: str):
         """The calibration's fit of `mode` ("fast", "full") for these weights, or None: the uncalibrated default."""
@@ -281,7 +285,9 @@ class Translator:
         """Teacher-force `target_ids` (eos included) after `source_ids` through the step that decodes (its kernels
         and precision: model.runtime.forced_pass): the maps, token scores and alignments `translate` gave for that
         output (with the same `reverse`: agreed with it), plus (encoder_attention) the exact model's encoder maps."""
-        return self._explainer.explain(source_ids, target_ids, encoder_attention, reverse)
+        return self._explainer.explain(
+            source_ids, target_ids, encoder_attention, reverse._aligner if reverse is not None else None
+        )
 
     def attribute(
         self, source_ids: list[int], target_ids: list[int], method: str = "alti_plus", steps: int | None = None

@@ -45,7 +45,7 @@ class Finisher:
             reverse = self.served.reverse
             agree = [item.alignment_method == AlignmentMethod.AGREEMENT for item in items]
             full = [item.trust == "full" for item in items]
-            reading = ReverseReading(reverse, rows=any(agree), logprobs=any(full)) if reverse is not None else None
+            reading = reverse.reverse_reading(rows=any(agree), logprobs=any(full)) if reverse is not None else None
             translations = self._aligned([item.translation for item in items], agree, reading)
             aligned = reading.forced if reading is not None else 0
             self._assessed(translations, [item.trust for item in items], items[0].options, reading)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from model import DecodingOptions, InvalidInputError, ReverseReading, Translator
+from model import DecodingOptions, InvalidInputError, Translator
 from model.calibration import (
     CALIBRATION_NAME,
     SCORE_SIGNALS,
@@ -275,7 +275,7 @@ def test_agreement_and_full_trust_force_the_reverse_model_once_and_answer_as_eac
         en_zh.assess(alone, "full", zh_en, options)
         apart = list(encodes)
         encodes.clear()
-        reading = ReverseReading(zh_en)
+        reading = zh_en.reverse_reading()
         shared = en_zh.with_agreements(en_zh.translate(texts, options), zh_en, reading)
         en_zh.assess(shared, "full", zh_en, options, reading)
     finally:
