@@ -388,17 +388,20 @@ def _serve_node_environment(proxy_port: int, head: bool) -> dict[str, str]:
 
 
 def cluster_serve_config(
-    cluster: Cluster, models: dict[str, str] | None = None, source: Path = SERVE_CONFIG, log_level: str = "WARNING"
+    cluster: Cluster, models: dict[str, str] | None = None, source: Path = SERVE_CONFIG, log_level: str = "WARNING",
+    store_url: str | None = None,
 ) -> dict:
     """deploy/serve.yaml for `cluster`: proxies on every node at the head's proxy port, one ingress and one en-zh
     translator per node, every node's metrics at its address on cluster.node_metrics_port; `models` replaces
-    model paths (e.g. the tests' tiny models)."""
+    model paths (e.g. the tests' tiny models), `store_url` the glossary store every node shares."""
     config = yaml.safe_load(source.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0", "port": cluster.head.proxy_port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": log_level}
     application = next(a for a in config["applications"] if a["name"] == APPLICATION)
     config["applications"] = [application]
     application["args"]["node_metrics_port"] = cluster.node_metrics_port
+    if store_url is not None:
+        application["args"]["store_url"] = store_url
     for spec in application["args"]["models"]:
         if models and spec["id"] in models:
             spec["path"] = str(models[spec["id"]])
@@ -409,10 +412,12 @@ def cluster_serve_config(
 
 
 @contextlib.contextmanager
-def running_cluster(workdir: Path, models: dict[str, str] | None = None, workers: int = 1):
+def running_cluster(
+    workdir: Path, models: dict[str, str] | None = None, workers: int = 1, store_url: str | None = None
+):
     """A started cluster serving cluster_serve_config; stopped (and checked stopped) on exit."""
     cluster = Cluster.plan(workdir, workers=workers)
-    cluster.up(cluster_serve_config(cluster, models))
+    cluster.up(cluster_serve_config(cluster, models, store_url=store_url))
     try:
         yield cluster
     finally:

@@ -21,6 +21,7 @@ import yaml
 from tests.harness.cluster import Cluster, running_cluster
 from tests.harness.loadgen import is_error_body
 from tests.harness.prometheus_text import total
+from tests.harness.services import TEST_STORE_URL
 from tests.service.test_prometheus import binary, prometheus_server, query, settled, shipped_job
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,11 @@ RECOVERY_S = 30.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_models) -> Cluster:
-    with running_cluster(tmp_path_factory.mktemp("cluster"), {k: str(v) for k, v in tiny_models.items()}) as started:
+    workdir = tmp_path_factory.mktemp("cluster")
+    # the glossary store both nodes share: the real PostgreSQL where .ci/run started one, else a SQLite file
+    store_url = TEST_STORE_URL or f"sqlite:///{workdir / 'state.db'}"
+    models = {k: str(v) for k, v in tiny_models.items()}
+    with running_cluster(workdir, models, store_url=store_url) as started:
         yield started
 
 
@@ -64,6 +69,24 @@ def test_an_explanation_id_issued_through_one_node_is_fetched_through_the_other(
     assert fetched.json()["target_tokens"] == issued["target_tokens"]
     back = httpx.get(f"{head.url}/v1/explanations/{issued['explanation_id']}", timeout=60).json()
     assert back["cross_attention"] == fetched.json()["cross_attention"]
+
+
+def test_a_glossary_made_through_one_node_is_used_through_the_other(cluster):
+    head, worker = cluster.nodes
+    made = httpx.post(
+        f"{head.url}/v2/glossaries",
+        json={"name": "nodes", "source_lang": "en", "target_lang": "zh", "entries": "cat\t猫"},
+        timeout=60,
+    )
+    assert made.status_code == 201, made.text
+    glossary_id = made.json()["glossary_id"]
+    try:
+        for _ in range(4):  # both nodes' ingress replicas, whichever the worker's proxy picks
+            translation = translate(worker.url, "A cat.", glossary_id=glossary_id).json()["translations"][0]
+            assert translation["terms"][0]["target"] == "猫" and "猫" in translation["text"]
+    finally:
+        assert httpx.delete(f"{worker.url}/v2/glossaries/{glossary_id}", timeout=60).status_code == 204
+    assert httpx.get(f"{head.url}/v2/glossaries/{glossary_id}", timeout=60).status_code == 404
 
 
 def test_every_node_answers_metrics_and_serves_its_own_at_its_address(cluster):
