@@ -1,6 +1,6 @@
 """Glossaries at work: CC-CEDICT terms in sentence pairs the models never trained on, translated with and
-without the term as a glossary entry, through the service's own term placement (service.text.protected) around
-the engine.
+without the term as a glossary entry: the service's term finding (service.text.protected) and the engine's
+constrained search, at beam 4 in batches of 16.
 
 A pair gives a term when a CC-CEDICT gloss occurs in its English side as whole words and the gloss's headword in
 its Chinese side (en→zh: {gloss: headword}; zh→en: {headword: gloss}); one term a sentence, the longest. Sets:
@@ -88,7 +88,7 @@ def with_glossary(model: Translator, cases: list[tuple[str, str, tuple[str, str]
     """Each case's translation with its term as a glossary, and the CPU seconds it took."""
     started = time.process_time()
     protections = [protect(text, source, target, [term], keep_spans=False) for text, _, term in cases]
-    texts = restored_translations(model, protections, target)
+    texts = restored_translations(model, protections, target, terms=True)
     return texts, time.process_time() - started
 
 

@@ -66,13 +66,16 @@ def kept(source: str, translation: str) -> bool:
     return all(translation.count(span.text) >= source.count(span.text) for span in find_spans(source))
 
 
-def restored_translations(model: Translator, protections: list[Protected], target: str) -> list[str]:
-    """Each protected text translated at beam 4 in batches of 16, its spans (and terms) put back as the service
-    puts them."""
+def restored_translations(
+    model: Translator, protections: list[Protected], target: str, terms: bool = False
+) -> list[str]:
+    """Each protected text translated at beam 4 in batches of 16, its spans put back as the service puts them;
+    `terms`: its glossary terms enforced in the search, as the service asks."""
     out = []
     for first in range(0, len(protections), 16):
         chunk = protections[first : first + 16]
-        outcomes = model.translate([p.text for p in chunk], DecodingOptions(beam_size=4))
+        wanted = [p.term_targets for p in chunk] if terms else None
+        outcomes = model.translate([p.text for p in chunk], DecodingOptions(beam_size=4), terms=wanted)
         for protection, outcome in zip(chunk, outcomes, strict=True):
             record = TranslationRecord(
                 text=outcome.text,

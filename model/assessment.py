@@ -121,6 +121,7 @@ class Assessor:
                 linked_source=frozenset(s for s, _ in hypothesis.word_alignment),
                 piece_scores=self.piece_scores,
                 rarest_score=self.rarest,
+                forced=list(hypothesis.forced),
             )
             if index in reverse_scores:
                 reading.reverse_logprobs = reverse_scores[index]

@@ -60,6 +60,7 @@ class TextLoop:
         return_attention: bool,
         on_token: Callable[[StreamedToken], None] | None,
         source_ids: list[int] | None,
+        constraints: list[list[int]] | None = None,
     ) -> Future:
         """Translator.submit."""
         if source_ids is None:
@@ -69,7 +70,8 @@ class TextLoop:
             result.set_result(blank_translation())
             return result
         streamed = self.builder.streamed(on_token) if on_token is not None else None
-        return self.loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True)
+        return self.loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True,
+                                constraints=constraints)
 
     def cancel(self, future: Future) -> None:
         self.loop.cancel(future)

@@ -35,6 +35,8 @@ class Translation:
     # the alignment head's rows (T, S) as decoded, unread: what an agreement after decoding starts from
     alignment_rows: Tensor | None = field(default=None, repr=False, compare=False)
     trust: Trust | None = None  # how far to believe it (Translator.assess; model.trust)
+    forced: list[bool] = field(default_factory=list)  # per target token: set by a glossary term (empty: none asked)
+    search_note: str | None = None  # how the search differed from the options asked for, and why
 
 
 @dataclass

@@ -115,6 +115,7 @@ class Builder:
             target_words=words[2],
             cross_attention=hypothesis.cross_attention if keep_attention else None,
             alignment_rows=matrix,
+            forced=list(hypothesis.forced),
         )
 
     def streamed(self, on_token: Callable[[StreamedToken], None]):

@@ -11,6 +11,7 @@ texts (model.looping), alignments and their agreement (model.agreeing), trust (m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -32,12 +33,15 @@ from model.looping import TextLoop
 from model.options import DecodingOptions
 from model.results import Explanation, StreamedToken, Translation
 from model.runtime import load_step
+from model.runtime.extension import compiled_extension
 from model.runtime.step import weights_precision
 from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
 from model.translation import Builder, check_source_ids, decoding_options, encode_texts
 
 __all__ = ["Explanation", "StreamedToken", "Translation", "Translator"]
+
+MAX_TERM_BEAM = 8  # the widest beam a glossary's terms raise a search to
 
 
 class Translator:
@@ -133,19 +137,47 @@ class Translator:
         *,
         return_attention: bool = False,
         alignment_attention: bool = False,
+        constraints: list[list[list[int]]] | None = None,
         **settings,
     ) -> list[list[Hypothesis]]:
         """Decode id sequences; per input its hypotheses, best first. `options`, or its fields by keyword
         (`generate(ids, beam_size=4)`; transformers' `num_return_sequences` is n_best). return_attention: each
-        hypothesis carries every head's cross-attention; alignment_attention: only the alignment head's rows."""
+        hypothesis carries every head's cross-attention; alignment_attention: only the alignment head's rows.
+        constraints: per input, target id sequences every hypothesis contains (lexically constrained search)."""
         options = decoding_options(options, settings)
         check_source_ids(self.config, source_ids)
         if not source_ids:
             return []
         head = self.alignment_head if alignment_attention else None
         return beam_search(
-            self.model, source_ids, options, return_attention=return_attention, alignment_head=head, step=self.step
+            self.model, source_ids, options, return_attention=return_attention, alignment_head=head, step=self.step,
+            constraints=constraints,
         )
+
+    @property
+    def constrains(self) -> bool:
+        """Whether terms can be enforced in the search (the compiled runtime's search is there to do it)."""
+        return compiled_extension() is not None
+
+    def term_ids(self, terms: list[str]) -> list[list[int]]:
+        """Target ids of glossary terms as they decode inside a translation (no </s>)."""
+        return [self.tokenizer.encode_target(term)[:-1] for term in terms if term.strip()]
+
+    def search_note(self, options: DecodingOptions, terms: list[str] | None) -> str | None:
+        """How a text with `terms` decodes otherwise than `options` ask, and why (None: as asked)."""
+        return self._constrained(options, self.term_ids(terms) if terms else [])[1]
+
+    def _constrained(self, options: DecodingOptions, wanted: list[list[int]]) -> tuple[DecodingOptions, str | None]:
+        """Options for a text whose search holds constraints (`wanted`): a beam with a place for each count of
+        term tokens met (as dynamic beam allocation shares beams out), within 2 and MAX_TERM_BEAM, and why."""
+        if not wanted:
+            return options, None
+        beam = max(options.beam_size, 2, min(sum(map(len, wanted)) + 1, MAX_TERM_BEAM))
+        if beam == options.beam_size:
+            return options, None
+        return (dataclasses.replace(options, beam_size=beam),
+                f"a glossary applied: searched with a beam of {beam} (asked: {options.beam_size}), a place for each "
+                "count of term tokens met")
 
     def translate(
         self,
@@ -155,6 +187,7 @@ class Translator:
         return_attention: bool = False,
         reverse: Translator | None = None,
         source_ids: list[list[int]] | None = None,
+        terms: list[list[str]] | None = None,
         **settings,
     ) -> list[Translation]:
         """Translate texts with `options` (or its fields by keyword, as `generate`).
@@ -163,21 +196,39 @@ class Translator:
         is returned only when return_attention is true. A blank text translates to "" without running the model.
         With `reverse` (a model translating the other way) the alignments are its and this model's agreed ones,
         else the head's one-best. `source_ids`: the texts' `encode_source` ids where the caller already has them.
+        `terms`: per text, target terms every translation of it contains (a glossary's, enforced in the search).
         """
         options = decoding_options(options, settings)
+        if terms is not None and len(terms) != len(texts):
+            raise InvalidInputError(f"{len(terms)} term lists for {len(texts)} texts")
+        terms = terms if terms is not None and any(terms) else None
+        if terms is not None and not self.constrains:
+            raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
         if source_ids is None:
             source_ids = self.encode_source(texts)
         elif len(source_ids) != len(texts):
             raise InvalidInputError(f"{len(source_ids)} source id lists for {len(texts)} texts")
         blank = [not text.strip() for text in texts]
-        decoded = iter(self.generate(
-            [ids for ids, empty in zip(source_ids, blank, strict=True) if not empty],
-            options,
-            return_attention=return_attention,
-            alignment_attention=not return_attention,
-        ))
-        nbest = [[] if empty else next(decoded) for empty in blank]
+        wanted = [self.term_ids(terms[i]) if terms is not None else [] for i in range(len(texts))]
+        nbest: list[list[Hypothesis]] = [[] for _ in texts]
+        notes: list[str | None] = [None] * len(texts)
+        for constrained in (False, True):  # texts with terms decode apart: their beam may differ
+            chosen = [i for i in range(len(texts)) if not blank[i] and bool(wanted[i]) == constrained]
+            if not chosen:
+                continue
+            groups: dict[DecodingOptions, list[int]] = {}  # a text's terms set its beam: equal beams decode together
+            for i in chosen:
+                groups.setdefault(self._constrained(options, wanted[i])[0], []).append(i)
+            for group in groups.values():
+                used, note = self._constrained(options, wanted[group[0]] if constrained else [])
+                decoded = self.generate([source_ids[i] for i in group], used, return_attention=return_attention,
+                                        alignment_attention=not return_attention,
+                                        constraints=[wanted[i] for i in group] if constrained else None)
+                for i, hypotheses in zip(group, decoded, strict=True):
+                    nbest[i], notes[i] = hypotheses, note
         results = self._builder.translations(source_ids, nbest, [return_attention] * len(texts))
+        for result, note in zip(results, notes, strict=True):
+            result.search_note = note
         return results if reverse is None else self.with_agreements(results, reverse)
 
     def start_loop(
@@ -212,17 +263,22 @@ class Translator:
         return_attention: bool = False,
         on_token: Callable[[StreamedToken], None] | None = None,
         source_ids: list[int] | None = None,
+        terms: list[str] | None = None,
         **settings,
     ) -> Future:
         """Translate one text through the decode loop (`start_loop` first): a Future of its Translation, equal to
         `translate([text], options)[0]`. `on_token(StreamedToken)` is called from the loop's thread as tokens settle:
         under beam search those every live beam shares, so they are always a prefix of the answer. `source_ids`: the
-        text's `encode_source` ids, where known. InvalidInputError / InputTooLongError at once, DecoderBusyError
-        when the queue is full."""
+        text's `encode_source` ids, where known. `terms`: target terms the translation contains (translate's).
+        InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
         if self._loop is None:
             raise RuntimeError("call start_loop() before submit()")
         options = decoding_options(options, settings)
-        return self._loop.submit(text, options, return_attention, on_token, source_ids)
+        wanted = self.term_ids(terms) if terms else []
+        if wanted and not self.constrains:
+            raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
+        options, _ = self._constrained(options, wanted)
+        return self._loop.submit(text, options, return_attention, on_token, source_ids, wanted)
 
     def cancel(self, future: Future) -> None:
         """Stop decoding a text `submit` returned `future` for (its caller went away); frees its rows."""

@@ -139,6 +139,7 @@ class _Reading:
     linked_source: frozenset[int] = frozenset()  # source words some target word links to (word_alignment)
     piece_scores: dict[str, float] | None = None  # the source tokenizer's unigram log-probability of each piece
     rarest_score: float = 0.0  # … and its least: what a piece it does not have counts as
+    forced: list[bool] | None = None  # per target token: a glossary term set it (not the model's own choice)
 
 
 def piece_scores(processor) -> dict[str, float]:
@@ -155,7 +156,10 @@ def frequent_pieces(processor, count: int = 100) -> frozenset[str]:
 def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFlag]]:
     source_groups = _groups(reading.source_tokens)
     target_groups = _groups(reading.target_tokens)
-    logprobs = reading.token_logprobs or [0.0]
+    # a token a glossary term set is not the model's confidence: the log-probability signals leave it out
+    forced = reading.forced or []
+    own = [lp for i, lp in enumerate(reading.token_logprobs) if not (i < len(forced) and forced[i])]
+    logprobs = own or [0.0]
     signals: dict[str, float] = {
         "forward_logprob": sum(logprobs) / len(logprobs),
         "forward_min_logprob": min(logprobs),
@@ -225,7 +229,7 @@ def signals_and_flags(reading: _Reading) -> tuple[dict[str, float], list[TrustFl
         omitted = [w for w in candidates if w not in recovered]
     if omitted:
         flags.append(TrustFlag("omission", "source", omitted, [reading.source_words[w] for w in omitted]))
-    token_logprob = dict(enumerate(reading.token_logprobs))
+    token_logprob = {i: lp for i, lp in enumerate(reading.token_logprobs) if not (i < len(forced) and forced[i])}
     added = [
         w
         for w in target_content

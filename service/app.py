@@ -68,7 +68,7 @@ from service.schemas import (
     TranslateResponse,
 )
 from service.store import Store
-from service.text.protected import Protected, model_protections, protect, restore, restore_outcomes
+from service.text.protected import Protected, model_protections, protect, restore
 from service.text.split_texts import assemble, model_texts, plan_texts
 
 logger = logging.getLogger("ray.serve")
@@ -285,6 +285,7 @@ class Ingress:
         inputs = [protected.text for protected in protections] if protections else body.texts
         plans = plan_texts(inputs, spec.source_lang, body.split_sentences)
         texts = model_texts(inputs, plans)
+        parts = model_protections(protections, plans) if protections else None
         call = TranslateCall(
             texts=texts,
             options=body.decoding_options(),
@@ -292,10 +293,11 @@ class Ingress:
             source_share=body.source_share,
             alignment_method=body.alignment_method,
             trust=body.trust,
+            terms=[part.term_targets for part in parts] if parts else None,
         )
         outcomes = await self.translate_call(model, call)
-        if protections:
-            outcomes = restore_outcomes(outcomes, protections, plans, spec.target_lang)
+        if parts:
+            outcomes = [restore(part, outcome, spec.target_lang) for part, outcome in zip(parts, outcomes, strict=True)]
         translations = assemble(outcomes, plans, spec.target_lang)
         return json_response({"model": model, "translations": [translation.json() for translation in translations]})
 
@@ -327,14 +329,15 @@ class Ingress:
 
         options = body.decoding_options()
 
-        def first_event(sentence: str) -> Callable[[], Any]:
+        def first_event(index: int) -> Callable[[], Any]:
             call = TranslateCall(
-                texts=[sentence],
+                texts=[sentences[index]],
                 options=options,
                 attention=body.attention,
                 source_share=body.source_share,
                 alignment_method=body.alignment_method,
                 trust=body.trust,
+                terms=[parts[index].term_targets] if parts is not None else None,
             )
 
             async def start() -> tuple[Any, Any]:
@@ -347,7 +350,7 @@ class Ingress:
 
             return start
 
-        first, stream = await self.call(first_event(sentences[0]))  # nothing sent yet: safe to retry
+        first, stream = await self.call(first_event(0))  # nothing sent yet: safe to retry
         if isinstance(first, Rejected):
             raise first.error
 
@@ -360,7 +363,7 @@ class Ingress:
                 try:
                     for index in range(len(sentences)):
                         if index:  # admitted already: not refused at the in-flight limit halfway through
-                            opened, current = await self.call(first_event(sentences[index]), limited=False)
+                            opened, current = await self.call(first_event(index), limited=False)
                             if isinstance(opened, Rejected):
                                 raise opened.error
                         async for event in current:

@@ -144,7 +144,9 @@ class TranslatorDeployment:
         self._check_options(call.options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
-        decodes = [self._decode(text, ids, call) for text, ids in zip(call.texts, source_ids, strict=True)]
+        terms = call.terms or [[] for _ in call.texts]
+        decodes = [self._decode(text, ids, call, wanted)
+                   for text, ids, wanted in zip(call.texts, source_ids, terms, strict=True)]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -160,6 +162,7 @@ class TranslatorDeployment:
         consumer that goes away (the client disconnected) cancels the decode and frees its rows."""
         (text,) = call.texts
         options, attention = call.options, call.attention
+        terms, note = self._terms(options, (call.terms or [[]])[0])
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -171,7 +174,9 @@ class TranslatorDeployment:
         self._watch_rows()
         try:
             self._check_options(options)
-            future = self.translator.submit(text, options, return_attention=attention != "none", on_token=on_token)
+            future = self.translator.submit(
+                text, options, return_attention=attention != "none", on_token=on_token, terms=terms
+            )
         except REFUSALS as error:
             yield Rejected(error)
             return
@@ -184,12 +189,22 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
+        translation.search_note = note
         result = await self.finisher.submit(
             FinishItem(translation, options, attention, call.alignment_method, call.trust)
         )
         if call.source_share:
             await asyncio.to_thread(self.finisher.add_source_shares, [result])
         yield {"type": "result", "translation": result}
+
+    def _terms(self, options: DecodingOptions, terms: list[str]) -> tuple[list[str], str | None]:
+        """The terms this replica's search enforces, and what its answer says of how it searched."""
+        if not terms:
+            return [], None
+        if not self.translator.constrains:
+            return [], ("glossary terms not enforced: this machine's decoding runtime could not be built (no C++ "
+                        "compiler), and the fallback search takes no constraints")
+        return terms, self.translator.search_note(options, terms)
 
     def _check_options(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
@@ -202,19 +217,24 @@ class TranslatorDeployment:
                 f"beam_size must be at most {self.max_rows} for model {self.spec.id} (its decoder rows, max_rows)"
             )
 
-    async def _decode(self, text: str, source_ids: list[int], call: TranslateCall) -> TranslationRecord:
-        """One text (its ids, tokenized once by the caller) through the replica's decode loop, then aligned and
-        assessed with the others that finished meanwhile; a caller that stops waiting frees its rows."""
+    async def _decode(
+        self, text: str, source_ids: list[int], call: TranslateCall, terms: list[str]
+    ) -> TranslationRecord:
+        """One text (its ids, tokenized once by the caller) through the replica's decode loop, its glossary's
+        `terms` enforced, then aligned and assessed with the others that finished meanwhile; a caller that stops
+        waiting frees its rows."""
         self._watch_rows()
         attention = call.attention
+        terms, note = self._terms(call.options, terms)
         future = self.translator.submit(
-            text, call.options, return_attention=attention != "none", source_ids=source_ids
+            text, call.options, return_attention=attention != "none", source_ids=source_ids, terms=terms
         )
         try:
             translation = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             self._cancel(future)
             raise
+        translation.search_note = note
         return await self.finisher.submit(
             FinishItem(translation, call.options, attention, call.alignment_method, call.trust)
         )

@@ -21,6 +21,7 @@ class TranslateCall:
     max_text_chars: int = V1_MAX_TEXT_CHARS  # the asking route's character limit, quoted when a text is too long
     alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]
     trust: str = "off"  # "fast" | "full": each hypothesis carries `trust` (schemas.TrustMode; model.trust)
+    terms: list[list[str]] | None = None  # per text, the glossary's target terms its translation must contain
 
 
 @dataclass(frozen=True)

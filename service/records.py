@@ -87,7 +87,7 @@ class TermRecord:
     source: str
     target: str
     source_span: list[int]
-    target_span: list[int]
+    target_span: list[int] | None  # None: the translation does not hold it (a search that could not enforce it)
 
     def json(self) -> dict[str, Any]:
         return {
@@ -122,6 +122,8 @@ class TranslationRecord:
     sentences: list[TranslationRecord] | None = None
     protected: list[ProtectedRecord] | None = None  # None: protection was off
     terms: list[TermRecord] | None = None  # None: no glossary
+    glossary_tokens: list[int] | None = None  # target tokens a glossary term set; None: no term enforced
+    search_note: str | None = None  # how the search differed from the options asked for, and why
 
     @property
     def source_share(self) -> float | None:
@@ -156,6 +158,10 @@ class TranslationRecord:
             result["protected"] = [span.json() for span in self.protected]
         if self.terms is not None:
             result["terms"] = [term.json() for term in self.terms]
+        if self.glossary_tokens is not None:
+            result["glossary_tokens"] = self.glossary_tokens
+        if self.search_note is not None:
+            result["search_note"] = self.search_note
         if self.sentences is not None:
             result["sentences"] = [sentence.json() for sentence in self.sentences]
         return result

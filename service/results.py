@@ -60,6 +60,8 @@ def translation_record(
         explanation_id=explanation_id,
         trust=None if translation.trust is None else trust_record(translation.trust),
         attention=maps,
+        glossary_tokens=[i for i, forced in enumerate(translation.forced) if forced] if translation.forced else None,
+        search_note=translation.search_note,
     )
 
 

@@ -10,7 +10,7 @@ request that is done leaves at once and its rows are freed for the next step. A 
 rows (greedy: one).
 
 Exactness: each request's search is the one `beam_search` runs for it alone (both step through
-`model.decoding.beam.beam_step`, with the same tie-breaking), and the rows of other requests only add masked
+the one search, csrc/search.h, with the same tie-breaking), and the rows of other requests only add masked
 positions to its attention (weight exactly 0), so its ids, scores and attention equal decoding it alone, up to
 float summation order (tests/model/test_scheduler.py).
 
@@ -55,6 +55,7 @@ class DecodeRequest:
     on_token: TokenCallback | None = None
     budget: int = 0
     alignment_rows: bool = False  # keep the scheduler's alignment head's rows (Hypothesis.alignment_attention)
+    constraints: list[list[int]] = field(default_factory=list)  # token sequences every hypothesis contains
     step: int = 0  # tokens streamed so far
     hypotheses: list[Hypothesis] | None = None
     cancelled: bool = False
@@ -82,6 +83,7 @@ class _Submission(NamedTuple):
     alignment_rows: bool
     future: Future
     arrived: float
+    constraints: list[list[int]]
 
 
 @dataclass(eq=False)
@@ -144,8 +146,10 @@ class Scheduler:
         on_token: TokenCallback | None = None,
         alignment_rows: bool = False,
         arrived: float | None = None,
+        constraints: list[list[int]] | None = None,
     ) -> DecodeRequest:
-        """Queue one source (`arrived`: when it reached the service, for the queue-wait figures; default now)."""
+        """Queue one source (`arrived`: when it reached the service, for the queue-wait figures; default now;
+        constraints: token sequences every hypothesis must contain)."""
         options = options or DecodingOptions()
         if options.beam_size > self.max_rows:
             raise ValueError(f"beam_size {options.beam_size} exceeds the scheduler's {self.max_rows} rows")
@@ -154,7 +158,8 @@ class Scheduler:
         budget = length_budget(len(source_ids), options, self.config.max_position_embeddings)
         if alignment_rows and self.alignment_head is None:
             raise ValueError("alignment_rows needs the scheduler's alignment_head")
-        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows)
+        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows,
+                                [list(c) for c in constraints or []])
         if arrived is not None:
             request.arrived = arrived
         self.waiting.append(request)
@@ -228,7 +233,7 @@ class Scheduler:
         ids = self.loop.join(
             hidden, lengths, [r.beams for r in joining], [r.budget for r in joining],
             [r.options.min_new_tokens for r in joining], [float(r.options.length_penalty) for r in joining],
-            captures, [r.on_token is not None for r in joining],
+            captures, [r.on_token is not None for r in joining], [r.constraints for r in joining],
         )
         batch = Batch(len(joining), running=len(joining))
         for request, loop_id in zip(joining, ids, strict=True):
@@ -326,6 +331,7 @@ class DecodeLoop:
         return_attention: bool = False,
         on_token: TokenCallback | None = None,
         alignment_rows: bool = False,
+        constraints: list[list[int]] | None = None,
     ) -> Future:
         """Queue one source; the Future gives its hypotheses (best first), or `finish`'s result for it. Raises
         DecoderBusyError when full."""
@@ -336,7 +342,8 @@ class DecodeLoop:
             if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
             submission = _Submission(
-                list(source_ids), options, return_attention, on_token, alignment_rows, future, time.monotonic()
+                list(source_ids), options, return_attention, on_token, alignment_rows, future, time.monotonic(),
+                [list(c) for c in constraints or []],
             )
             self._inbox.append(("submit", submission))
             self._wake.notify()
@@ -412,7 +419,7 @@ class DecodeLoop:
                     try:
                         request = scheduler.submit(
                             payload.source_ids, payload.options, payload.return_attention, payload.on_token,
-                            payload.alignment_rows, payload.arrived,
+                            payload.alignment_rows, payload.arrived, payload.constraints,
                         )
                     except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
                         future.set_exception(error)

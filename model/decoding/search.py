@@ -1,28 +1,20 @@
-"""Batched beam search (greedy is beam_size=1) over the KV cache, with attention capture.
+"""Beam search (greedy is beam_size=1) for a static batch: every source joins the decode loop (model.decoding.loop)
+before the first step and leaves when done, and `Hypothesis` is what a finished source gives.
 
-Semantics follow transformers' `generate(num_beams=k, early_stopping=True, length_penalty=lp)`:
-at each step the 2k best continuations over all beams of an input are ranked; an
-end-of-sequence continuation among the first k becomes a finished hypothesis scored
-sum_logprobs / generated_length**lp; an input is done when it holds k finished
-hypotheses, when no running beam can beat them, or when it reaches its length limit.
-With k=1 this is exactly greedy decoding. The pad token is never generated; a
-hypothesis that reaches its length budget is closed with a forced </s> (log-probability 0),
-as transformers does for Marian's forced_eos_token_id.
-
-A static batch runs on the decode loop (model/decoding/loop.py `new_loop`: the compiled loop, or the Python one
-over the eager or graph step) with every source joining before the first step; done inputs leave it at once, so
-they stop costing compute. The step arithmetic is model/decoding/beam.py's `beam_step`. Attention is captured in
-full (every layer and head) only when asked; otherwise only the alignment head's rows, which the alignments need.
+Semantics follow transformers' `generate(num_beams=k, early_stopping=True, length_penalty=lp)`, with a hypothesis
+that reaches its length budget closed by a forced </s> (log-probability 0), as for Marian's forced_eos_token_id.
+Attention is captured in full only when asked; otherwise only the alignment head's rows, which alignments need.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from model.decoding.loop import capture_code, new_loop
+from model.decoding.reference import ReferenceLoop
 from model.options import DecodingOptions
 from model.runtime import EagerStep
 from model.transformer import Transformer
@@ -38,6 +30,7 @@ class Hypothesis:
     cross_attention: Tensor | None  # (decoder_layers, heads, len(token_ids), source_length) or None
     normalized_score: float  # score / len**length_penalty, the beam ranking key
     alignment_attention: Tensor | None = None  # (len(token_ids), source_length): the alignment head's rows
+    forced: list[bool] = field(default_factory=list)  # per token: set by a constraint (empty: none applied)
 
 
 def default_max_new_tokens(source_length: int, limit: int) -> int:
@@ -61,6 +54,8 @@ def beam_search(
     return_attention: bool = False,
     alignment_head: tuple[int, int | None] | None = None,
     step=None,
+    reference: bool = False,
+    constraints: list[list[list[int]]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
@@ -68,7 +63,8 @@ def beam_search(
     ends every hypothesis with eos. return_attention: each hypothesis carries every layer's and head's
     cross-attention; alignment_head (layer, head or None): it carries that head's rows
     (`alignment_attention`), all an alignment needs. step: what runs each decoding step (model.runtime.load_step's
-    compiled or eager step; None: the model's own, EagerStep).
+    compiled or eager step; None: the model's own, EagerStep). reference: on the reference search (the oracle).
+    constraints: per source, token sequences every hypothesis contains (lexically constrained search).
     """
     options = options or DecodingOptions()
     config = model.config
@@ -81,10 +77,10 @@ def beam_search(
     hidden = encoded(step, source_ids, config.pad_token_id, device)  # the encoder once for the whole batch
     # every source joins the loop now and leaves when done
     what = capture_code(return_attention, alignment_head is not None)
-    loop = new_loop(step, alignment_head)
+    loop = ReferenceLoop(step, alignment_head) if reference else new_loop(step, alignment_head)
     ids = loop.join(
         hidden, lengths, [options.beam_size] * batch, budgets, [options.min_new_tokens] * batch,
-        [float(options.length_penalty)] * batch, [what] * batch, [False] * batch,
+        [float(options.length_penalty)] * batch, [what] * batch, [False] * batch, constraints or [],
     )
     found: dict[int, list] = {}
     while len(loop):
@@ -106,10 +102,10 @@ def encoded(step, source_ids: list[list[int]], pad: int, device: torch.device) -
 
 def loop_hypotheses(found: list, n_best: int, full: bool) -> list[Hypothesis]:
     """Hypotheses from what the decode loop gives a finished request ((tokens, log-probabilities, normalised score,
-    attention) per finished slot, best first): the first n_best; attention (T, L, h, S) every head's (`full`) →
-    cross_attention (L, h, T, S), or one head's rows (T, S) → alignment_attention."""
+    attention, tokens a constraint set) per finished slot, best first): the first n_best; attention (T, L, h, S)
+    every head's (`full`) → cross_attention (L, h, T, S), or one head's rows (T, S) → alignment_attention."""
     hypotheses = []
-    for tokens, logprobs, normalized, attention in found[:n_best]:
+    for tokens, logprobs, normalized, attention, forced in found[:n_best]:
         cross_attention = alignment_attention = None
         if attention is not None:
             if full:
@@ -117,6 +113,7 @@ def loop_hypotheses(found: list, n_best: int, full: bool) -> list[Hypothesis]:
             else:
                 alignment_attention = attention.float().contiguous()
         hypotheses.append(
-            Hypothesis(list(tokens), sum(logprobs), list(logprobs), cross_attention, normalized, alignment_attention)
+            Hypothesis(list(tokens), sum(logprobs), list(logprobs), cross_attention, normalized, alignment_attention,
+                       list(forced))
         )
     return hypotheses

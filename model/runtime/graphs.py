@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from model.runtime import eager
-from model.runtime.rows import ROW_BUCKETS, DecoderRows, Moves, Shape, bucket
+from model.runtime.rows import ROW_BUCKETS, DecoderRows, Shape, bucket
 from model.transformer import Transformer
 
 logger = logging.getLogger("model.runtime")
@@ -148,13 +148,13 @@ class StaticRows(DecoderRows):
     @torch.inference_mode()
     def join(
         self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
-        lengths: list[int],
+        lengths: list[int], reserve: int = 0,
     ) -> None:
-        super().join(cross_keys, cross_values, source_mask, capacity, lengths)
+        super().join(cross_keys, cross_values, source_mask, capacity, lengths, reserve)
 
     @torch.inference_mode()
-    def keep(self, index: Tensor, same_sources: bool = False, moves: Moves | None = None) -> None:
-        super().keep(index, same_sources, moves)
+    def keep(self, index: Tensor, same_sources: bool = False) -> None:
+        super().keep(index, same_sources)
 
 
 class _RowsView:

@@ -17,7 +17,6 @@ from torch import Tensor
 
 from model.transformer import Transformer
 
-Moves = list[tuple[int, int, int]]  # blocks of rows that move: (old first row, new first row, rows) each
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows storage (and a graph) is made for; beyond: multiples
 LENGTH_BUCKETS = (16, 32, 64, 128, 256)  # decode capacities and source lengths; beyond: multiples of the last
 
@@ -109,13 +108,14 @@ class DecoderRows:
 
     def join(
         self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
-        lengths: list[int],
+        lengths: list[int], reserve: int = 0,
     ) -> None:
-        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0."""
+        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0,
+        with room for `reserve` rows in all (the beams they will grow into)."""
         added, _, source, _ = cross_keys[0].shape
         if self.dtype is None:
             self.dtype = cross_keys[0].dtype
-        needed = Shape.holding(self._rows + added, capacity, source)
+        needed = Shape.holding(max(self._rows + added, reserve), capacity, source)
         if not self.shape.covers(needed):
             self._allocate(self.shape.union(needed))
         new = slice(self._rows, self._rows + added)
@@ -131,36 +131,24 @@ class DecoderRows:
         self._lengths.extend(lengths)
         self._changed()
 
-    def keep(self, index: Tensor, same_sources: bool = False, moves: Moves | None = None) -> None:
-        """Row r becomes old row index[r] (beam reordering; rows of finished requests leave).
-
-        same_sources: every row keeps a row of its own request (no request left), so only self-attention K/V
-        move. moves: what changed instead, as blocks of rows whose source state (identical across a request's
-        beams) moves, (old first row, new first row, rows) each, to below the kept row count from above it; every
-        other kept row's source state stays where it is. None: gather every row's.
-        """
+    def keep(self, index: Tensor, same_sources: bool = False) -> None:
+        """Row r becomes old row index[r] (beams reordered, a request's first row made its k, finished requests'
+        rows gone). same_sources: every row continues a row of its own request, so only self-attention K/V move."""
         count = index.numel()
         if count == 0:
             self.clear()
             return
+        if count > self.shape.rows:
+            self._allocate(self.shape.union(Shape.holding(count, self.shape.capacity, self.shape.source)))
         self._keep_self(index)
         if not (same_sources and count == self._rows):
             source = max(self._lengths)
-            if moves is not None:
-                for old, new, rows in moves:
-                    for buffer in (*self._cross_key, *self._cross_value):
-                        buffer[new : new + rows, :, :source] = buffer[old : old + rows, :, :source]
-                    self._source_mask[new : new + rows] = self._source_mask[old : old + rows]
-                    self._positions[new : new + rows] = self._positions[old : old + rows]
-                    self._lengths[new : new + rows] = self._lengths[old : old + rows]
-            else:
-                for buffer in (*self._cross_key, *self._cross_value):
-                    buffer[:count, :, :source] = buffer[: self._rows, :, :source].index_select(0, index)
-                self._source_mask[:count] = self._source_mask[: self._rows].index_select(0, index)
-                self._positions[:count] = self._positions[: self._rows].index_select(0, index)
-                self._lengths = [self._lengths[r] for r in index.tolist()]
+            for buffer in (*self._cross_key, *self._cross_value):
+                buffer[:count, :, :source] = buffer[: self._rows, :, :source].index_select(0, index)
+            self._source_mask[:count] = self._source_mask[: self._rows].index_select(0, index)
+            self._positions[:count] = self._positions[: self._rows].index_select(0, index)
+            self._lengths = [self._lengths[r] for r in index.tolist()]
             self._rows = count
-            del self._lengths[count:]
         self._changed()
 
     def _keep_self(self, index: Tensor) -> None:
@@ -236,4 +224,4 @@ class RaggedCache(DecoderRows):
         return self._self_key[layer][:rows, :, :width], self._self_value[layer][:rows, :, :width]
 
 
-__all__ = ["LENGTH_BUCKETS", "ROW_BUCKETS", "DecoderRows", "Moves", "RaggedCache", "Shape", "bucket"]
+__all__ = ["LENGTH_BUCKETS", "ROW_BUCKETS", "DecoderRows", "RaggedCache", "Shape", "bucket"]

@@ -53,10 +53,10 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step (model/transformer.py): the reference, and the fallback. model/decoding/loop.py's
-    Loop drives its `decode_rows` from Python (it has no compiled decode loop)."""
+    """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search drives its
+    `decode_rows` from Python (it has no compiled decode loop)."""
 
-    new_loop = None  # no compiled decode loop: model/decoding/loop.py's Loop drives decode_rows
+    new_loop = None  # no compiled decode loop: model.decoding.loop.StepLoop drives decode_rows
     rows_cache = None  # the loop keeps its rows in its own ragged cache (model.runtime.rows.RaggedCache)
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
@@ -289,14 +289,12 @@ class CompiledStep:
         return logits, (cross if need_weights else None)
 
     def new_loop(self, alignment_head: tuple[int, int | None] | None = None):
-        """A decode loop on this step (csrc/decoding.h's Loop): requests `join` with their encoder's states, each
-        `step` decodes one token for every row and returns the streamed tokens and the requests done.
-        alignment_head (layer, head or None for the layer's average): the rows a request capturing one head
-        keeps."""
+        """The compiled decode loop on this step (the search over its layers, rows in its own storage);
+        alignment_head (layer, head or None for the layer's average): the rows a request capturing one head keeps."""
         self.refresh()
         config = self.model.config
         layer, head = alignment_head if alignment_head is not None else (0, 0)
-        return self.extension.Loop(
+        return self.extension.CompiledLoop(
             self._runtime, config.eos_token_id, config.pad_token_id, config.decoder_start_token_id, layer,
             -1 if head is None else head,
         )

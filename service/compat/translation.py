@@ -24,7 +24,7 @@ from service.schemas import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE
 from service.text.inline_tags import place
 from service.text.languages import Detection, detect, name_of, resolve
 from service.text.markup import Block, InlineElement, Markup, TagRules, parse_markup
-from service.text.protected import Protected, find_spans, find_terms, model_protections, protect, restore
+from service.text.protected import Protected, find_spans, model_protections, protect, restore
 from service.text.sentences import Piece, join
 from service.text.split_texts import text_pieces
 
@@ -303,8 +303,7 @@ async def translate_texts(
         entry = _HtmlText(markup)
         for index, block in enumerate(markup.blocks):
             # a block's tags go by the alignment unless it holds spans to keep: then its text nodes go apart
-            terms = _terms_for(glossary, language, target_code)
-            kept = (protect_spans and find_spans(block.text)) or find_terms(block.text, terms, language, [])
+            kept = protect_spans and find_spans(block.text)
             tagged = block.elements and block.flat and not kept
             block_job = job(block.text, language, detection) if tagged else None
             if block_job is not None:  # its tags are placed by the alignment: the better one, where served
@@ -364,12 +363,15 @@ async def _translate_jobs(backend: TranslationBackend, jobs: list[_Job], n_best:
     async def run(model_and_method: tuple[str, str], places: list[tuple[_Job, int]]) -> None:
         model, method = model_and_method
         sentences = [job.pieces[index].sentence for job, index in places]
+        terms = [protections[id(job), index].term_targets if (id(job), index) in protections else []
+                 for job, index in places]
         call = TranslateCall(
             texts=sentences,
             options=options,
             max_text_chars=COMPAT_MAX_TEXT_CHARS,
             alignment_method=method,
             trust=trust,
+            terms=terms if any(terms) else None,
         )
         outcomes = await backend.translate_call(model, call)
         for (job, index), outcome in zip(places, outcomes, strict=True):

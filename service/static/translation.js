@@ -192,10 +192,12 @@ export function renderConfidence(view) {
     return;
   }
   const { targetLang } = languages();
+  const glossary = new Set(state.translation?.glossary_tokens ?? []); // pieces a glossary term set
   list.replaceChildren(
     ...view.target.map((token, index) => {
       const p = Math.exp(view.logprobs[index]);
       const level = p >= 0.7 ? "high" : p >= 0.35 ? "mid" : "low";
+      const set = token.pieces.some((i) => glossary.has(i));
       return el(
         "li",
         {},
@@ -203,12 +205,12 @@ export function renderConfidence(view) {
           "button",
           {
             type: "button",
-            class: `conf-token tok-target ${level}`,
+            class: `conf-token tok-target ${level}${set ? " glossary" : ""}`,
             "data-t": index,
             "data-prob": p,
             "data-logprob": view.logprobs[index],
             "aria-pressed": "false",
-            "data-tip": `${token.raw}: ${t("prob", { p: fixed(p, 4) })}`,
+            "data-tip": `${token.raw}: ${t("prob", { p: fixed(p, 4) })}${set ? ` · ${t("glossary_token")}` : ""}`,
             lang: targetLang,
           },
           el("span", { class: `tok-label${token.special ? " special" : ""}` }, token.label),

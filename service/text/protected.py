@@ -130,6 +130,13 @@ class Protected:
     renderings: list[tuple[str, ...]] = field(default_factory=list)  # how each stand-in may read in the target
     keep_spans: bool = True  # placeholders, URLs and numbers protected (their list is answered)
     glossary: bool = False  # a glossary applied (its terms' list is answered)
+    # the glossary's terms found, each with where it starts in `text`: the search enforces their targets
+    terms: list[tuple[Span, int]] = field(default_factory=list)
+
+    @property
+    def term_targets(self) -> list[str]:
+        """The target terms this input's translation must contain (one per occurrence, in order)."""
+        return [span.written for span, _ in self.terms]
 
     def listed(self, placed: list[ProtectedRecord]) -> list[ProtectedRecord] | None:
         return placed if self.keep_spans else None
@@ -147,6 +154,7 @@ class Protected:
             [self.renderings[i] for i in kept],
             self.keep_spans,
             self.glossary,
+            [(span, at - start) for span, at in self.terms if start <= at < end],
         )
 
 
@@ -157,12 +165,14 @@ def protect(
     terms: Sequence[tuple[str, str]] = (),
     keep_spans: bool = True,
 ) -> Protected:
-    """The text with each protected span (keep_spans) and each glossary term's occurrence replaced by a stand-in
-    that occurs nowhere in it, nor its renderings."""
+    """The text with each protected span (keep_spans) replaced by a stand-in that occurs nowhere in it, nor its
+    renderings, and each glossary term's occurrence found (its target is enforced in the search)."""
     spans = find_spans(text) if keep_spans else []
-    spans = sorted(spans + find_terms(text, terms, source_lang, spans), key=lambda span: span.start)
+    found_terms = sorted(find_terms(text, terms, source_lang, spans), key=lambda span: span.start)
+    protected = Protected(text, keep_spans=keep_spans, glossary=bool(terms))
     if not spans:
-        return Protected(text, keep_spans=keep_spans, glossary=bool(terms))
+        protected.terms = [(span, span.start) for span in found_terms]
+        return protected
     folded = text.casefold()
 
     def unused(pool: list[dict[str, tuple[str, ...]]]) -> list[dict[str, tuple[str, ...]]]:
@@ -171,7 +181,8 @@ def protect(
 
     names, digits = unused(_NAMES), unused(_DIGITS)
     out: list[str] = []
-    protected = Protected("", spans, keep_spans=keep_spans, glossary=bool(terms))
+    protected.spans = spans
+    shift: list[tuple[int, int]] = []  # (client offset past a span, how far `text` has moved there)
     cursor = 0
     for span in spans:
         numeric = span.kind == "number" or (span.kind == "placeholder" and _NUMERIC_PLACEHOLDER.match(span.text))
@@ -187,10 +198,21 @@ def protect(
         out.append(written)
         protected.stand_ins.append((position, position + len(written)))
         protected.renderings.append(renderings)
+        shift.append((span.end, position + len(written) - span.end))
         cursor = span.end
     out.append(text[cursor:])
     protected.text = "".join(out)
+    protected.terms = [(term, term.start + _moved(shift, term.start)) for term in found_terms]
     return protected
+
+
+def _moved(shift: list[tuple[int, int]], offset: int) -> int:
+    """How far a client offset moved in the protected text: the last span ending at or before it says."""
+    moved = 0
+    for end, by in shift:
+        if end <= offset:
+            moved = by
+    return moved
 
 
 def sentence_starts(pieces: list[Piece]) -> list[int]:
@@ -215,17 +237,6 @@ def model_protections(protections: list[Protected], plans: list[list[Piece] | No
             if piece.sentence:
                 parts.append(protected.within(start, start + len(piece.sentence)))
     return parts
-
-
-def restore_outcomes(
-    outcomes: list[TranslationRecord],
-    protections: list[Protected],
-    plans: list[list[Piece] | None],
-    target_lang: str,
-) -> list[TranslationRecord]:
-    """Each model outcome, in model_texts' order, with its spans put back."""
-    parts = model_protections(protections, plans)
-    return [restore(part, outcome, target_lang) for part, outcome in zip(parts, outcomes, strict=True)]
 
 
 def _is_word(character: str) -> bool:
@@ -293,8 +304,8 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
     alternatives likewise. Tokens, scores and alignment stay the model's (they are what it read and wrote)."""
     alternatives = [restore(protected, alternative, target_lang) for alternative in record.alternatives]
     if not protected.spans:
-        listed, terms = protected.listed([]), protected.listed_terms([])
-        return replace(record, protected=listed, terms=terms, alternatives=alternatives)
+        terms = protected.listed_terms(_found_terms(protected, record.text))
+        return replace(record, protected=protected.listed([]), terms=terms, alternatives=alternatives)
     target = record.text
     aligned = _aligned_targets(protected, record)
     claimed: list[tuple[int, int]] = []
@@ -328,7 +339,6 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
     spaced = target_lang.split("-")[0] not in UNSPACED
     out: list[str] = []
     placed: list[ProtectedRecord] = []
-    terms: list[TermRecord] = []
     cursor = 0
     for start, end, index in sorted(edits, key=lambda edit: (edit[0], edit[1])):
         out.append(target[cursor:start])
@@ -343,22 +353,43 @@ def restore(protected: Protected, record: TranslationRecord, target_lang: str) -
                     text = text + " "
             offset = sum(len(part) for part in out) + (len(text) - len(text.lstrip(" ")))
             target_span = [offset, offset + len(span.written)]
-            if span.kind == "term":
-                terms.append(TermRecord(span.text, span.written, [span.start, span.end], target_span))
-            else:
-                placed.append(ProtectedRecord(span.text, span.kind, [span.start, span.end], target_span))
+            placed.append(ProtectedRecord(span.text, span.kind, [span.start, span.end], target_span))
             out.append(text)
         elif spaced and out and out[-1].endswith(" ") and not (end < len(target) and _is_word(target[end])):
             out[-1] = out[-1][:-1]  # a deleted word leaves one space, not two
         cursor = max(cursor, end)
     out.append(target[cursor:])
+    text = "".join(out)
     return replace(
         record,
-        text="".join(out),
+        text=text,
         protected=protected.listed(placed),
-        terms=protected.listed_terms(terms),
+        terms=protected.listed_terms(_found_terms(protected, text)),
         alternatives=alternatives,
     )
+
+
+def _found_terms(protected: Protected, text: str) -> list[TermRecord]:
+    """Each term that applied, with where its target stands in the translation: occurrences in order, one each
+    (None where the translation does not hold it)."""
+    records, taken = [], []
+    for span, _ in protected.terms:
+        free = [o for o in _occurrences(text, span.written) if o not in taken]
+        if not free:  # a target not written as a word of its own: anywhere
+            free = [o for o in _substrings(text, span.written) if o not in taken]
+        where = free[0] if free else None
+        if where is not None:
+            taken.append(where)
+        records.append(TermRecord(span.text, span.written, [span.start, span.end], list(where) if where else None))
+    return records
+
+
+def _substrings(text: str, part: str) -> list[tuple[int, int]]:
+    found, start = [], text.find(part)
+    while start >= 0 and part:
+        found.append((start, start + len(part)))
+        start = text.find(part, start + 1)
+    return found
 
 
 def _is_name(renderings: tuple[str, ...]) -> bool:
@@ -373,6 +404,5 @@ __all__ = [
     "protect",
     "model_protections",
     "restore",
-    "restore_outcomes",
     "sentence_starts",
 ]

@@ -33,17 +33,17 @@ def translator():
     return Translator.from_pretrained("en-zh", device=DEVICE)
 
 
-def decode(translator, step, beam: int, attention: bool, n_best: int = 1):
+def decode(translator, step, beam: int, attention: bool, n_best: int = 1, reference: bool = False):
     ids = translator.encode_source(SENTENCES)
     options = DecodingOptions(beam_size=beam, n_best=n_best, max_new_tokens=40)
-    return beam_search(translator.model, ids, options, return_attention=attention, step=step)
+    return beam_search(translator.model, ids, options, return_attention=attention, step=step, reference=reference)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_static_step_decodes_the_eager_steps_ids_scores_and_attention(translator, beam):
     model = translator.model
     static = GraphStep(model, capture=DEVICE == "cuda")
-    expected = decode(translator, EagerStep(model), beam, attention=True, n_best=min(beam, 2))
+    expected = decode(translator, EagerStep(model), beam, attention=True, n_best=min(beam, 2), reference=True)
     got = decode(translator, static, beam, attention=True, n_best=min(beam, 2))
     for want, have in zip(expected, got, strict=True):
         assert [h.token_ids for h in have] == [h.token_ids for h in want]
@@ -59,7 +59,7 @@ def test_static_step_keeps_the_alignment_heads_rows(translator):
     head = (model.config.decoder_layers - 1, 0)
     ids = translator.encode_source(SENTENCES)
     options = DecodingOptions(beam_size=4, max_new_tokens=40)
-    want = beam_search(model, ids, options, alignment_head=head, step=EagerStep(model))
+    want = beam_search(model, ids, options, alignment_head=head, reference=True)
     have = beam_search(model, ids, options, alignment_head=head, step=GraphStep(model, capture=DEVICE == "cuda"))
     for a, b in zip(want, have, strict=True):
         assert a[0].token_ids == b[0].token_ids
@@ -100,7 +100,7 @@ def test_the_continuous_schedulers_rows_on_fixed_buffers_decode_the_eager_steps_
     model = translator.model
     ids = translator.encode_source(SENTENCES)
     options = DecodingOptions(beam_size=beam, max_new_tokens=40)
-    alone = beam_search(model, ids, options, return_attention=True, step=EagerStep(model))
+    alone = beam_search(model, ids, options, return_attention=True, reference=True)
     step = GraphStep(model, capture=DEVICE == "cuda")
     scheduler = Scheduler(model, max_rows=32, step=step)
     submitted = []

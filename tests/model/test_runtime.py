@@ -101,7 +101,7 @@ def assert_same(got, expected, context) -> None:
 
 def assert_decodes_as_the_reference(model, compiled, sources, options, context, **attention) -> None:
     """The compiled step's hypotheses equal the model's own step's (beam_search without `step`)."""
-    expected = beam_search(model, sources, options, **attention)
+    expected = beam_search(model, sources, options, **attention, reference=True)
     got = beam_search(model, sources, options, step=compiled, **attention)
     for index, (hypotheses, reference) in enumerate(zip(got, expected, strict=True)):
         assert_same(hypotheses, reference, (context, index))
@@ -223,7 +223,8 @@ def test_ragged_rows_of_the_continuous_scheduler_decode_as_if_alone(extension, s
             max_new_tokens=rng.choice([None, 8]),
         )
         requests.append((rng.randint(0, 10), random_sources(rng, model, 1)[0], options))
-    alone = [beam_search(model, [source], options, return_attention=True)[0] for _, source, options in requests]
+    alone = [beam_search(model, [source], options, return_attention=True, reference=True)[0]
+             for _, source, options in requests]
     pending = sorted(range(len(requests)), key=lambda i: requests[i][0])
     submitted, step = {}, 0
     while pending or not scheduler.idle:
@@ -272,7 +273,7 @@ def test_without_a_compiler_the_service_decodes_eagerly_and_says_why(tmp_path):
         "model = random_model('tiny'); step = load_step(model, 'float32')\n"
         "print('RUNTIME', step.info.runtime, '|', step.info.reason)\n"
         "print('IDS', beam_search(model, [[3, 4, 0]], step=step)[0][0].token_ids)\n"
-        "print('REFERENCE', beam_search(model, [[3, 4, 0]])[0][0].token_ids)\n"
+        "print('REFERENCE', beam_search(model, [[3, 4, 0]], reference=True)[0][0].token_ids)\n"
     )
     env = {**os.environ, "CXX": "/bin/false", "TRANSLATE_RUNTIME_BUILD_DIR": str(tmp_path / "build")}
     env.pop(RUNTIME_ENV, None)

@@ -25,7 +25,7 @@ def test_the_step_bindings_name_their_arguments():
     docs = extension.Runtime.step_at.__doc__
     for name in ("position", "source_mask", "need_weights"):
         assert f"{name}:" in docs
-    joined = extension.Loop.join.__doc__
+    joined = extension.CompiledLoop.join.__doc__
     for name in ("hidden", "lengths", "beams", "budgets", "min_new_tokens", "length_penalties", "captures", "streams"):
         assert f"{name}:" in joined
 

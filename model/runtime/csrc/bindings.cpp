@@ -1,12 +1,8 @@
-// The runtime's Python bindings and the one translation unit the build compiles: every part is a header
-// (common.h; kernels/onednn.h, cpu_loops.h, vnni.h, avx2_int8.h; linear.h; attention.h; layers.h; model.h: the
-// weights and the kernel choice; runtime.h: the layers' arithmetic; decoding.h: the search),
-// included once here, so that the per-CPU-level copies of the loops and the anonymous namespace stay one unit.
-// The runtime runs the encoder, every decoder layer, the output projection and the fast modes' rescoring of the
-// best candidates, for one new position per row, in one call from Python, and the decode loop (decoding.h) in
-// which requests join and leave between steps. The
-// arithmetic is model/runtime/eager.py's layer_step (the reference it is tested against), on ATen ops, so it runs
-// on any device ATen does; only the int8 kernels are CPU-only.
+// The runtime's Python bindings and the one translation unit the build compiles: every part is a header, included
+// once here, so that the per-CPU-level copies of the loops and the anonymous namespace stay one unit. The layers'
+// arithmetic is the eager step's (the reference it is tested against) on ATen ops; only the int8 kernels are
+// CPU-only. The search (search.h) runs every step kind: the compiled loop's and, through `BeamSearch`, the steps
+// Python drives.
 
 #ifdef USE_FBGEMM
 #include <fbgemm/Utils.h>
@@ -123,15 +119,51 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("self_value"), pybind11::arg("cross_key"), pybind11::arg("cross_value"),
            pybind11::arg("source_mask"), pybind11::arg("need_weights"),
            pybind11::call_guard<pybind11::gil_scoped_release>());
-  pybind11::class_<Loop>(m, "Loop")
+  pybind11::class_<CompiledLoop>(m, "CompiledLoop")
       .def(pybind11::init<Runtime&, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("runtime"),
            pybind11::arg("eos"), pybind11::arg("pad"), pybind11::arg("start"), pybind11::arg("capture_layer"),
            pybind11::arg("capture_head"), pybind11::keep_alive<1, 2>())
-      .def("join", &Loop::join, pybind11::arg("hidden"), pybind11::arg("lengths"), pybind11::arg("beams"),
+      .def("join", &CompiledLoop::join, pybind11::arg("hidden"), pybind11::arg("lengths"), pybind11::arg("beams"),
            pybind11::arg("budgets"), pybind11::arg("min_new_tokens"), pybind11::arg("length_penalties"),
-           pybind11::arg("captures"), pybind11::arg("streams"), pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("cancel", &Loop::cancel, pybind11::arg("id"))
-      .def("step", &Loop::step, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("rows", &Loop::rows)
-      .def("__len__", &Loop::size);
+           pybind11::arg("captures"), pybind11::arg("streams"),
+           pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>(),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("cancel", &CompiledLoop::cancel, pybind11::arg("id"))
+      .def("step", &CompiledLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("rows", &CompiledLoop::rows)
+      .def("__len__", &CompiledLoop::size);
+  using Layout = BeamSearch::Layout;
+  const auto flags = [](std::vector<char> Layout::*field) {
+    return [field](const Layout& layout) { return std::vector<bool>((layout.*field).begin(), (layout.*field).end()); };
+  };
+  pybind11::class_<Layout>(m, "Layout")
+      .def_readonly("ids", &Layout::ids)
+      .def_readonly("previous", &Layout::previous)
+      .def_property_readonly("banned", flags(&Layout::banned))
+      .def_property_readonly("ending", flags(&Layout::ending))
+      .def_readonly("rows", &Layout::rows)
+      .def_readonly("widest_beam", &Layout::widest_beam)
+      .def_readonly("every_head", &Layout::every_head)
+      .def_readonly("one_head", &Layout::one_head)
+      .def_readonly("same_sources", &Layout::same_sources)
+      .def_readonly("wanted", &Layout::wanted)
+      .def_readonly("wanted_width", &Layout::wanted_width)
+      .def_readonly("unchanged", &Layout::unchanged);
+  pybind11::class_<BeamSearch>(m, "BeamSearch")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("eos"), pybind11::arg("pad"),
+           pybind11::arg("start"), pybind11::arg("positions"))
+      .def("join", &BeamSearch::join, pybind11::arg("lengths"), pybind11::arg("beams"), pybind11::arg("budgets"),
+           pybind11::arg("min_new_tokens"), pybind11::arg("length_penalties"), pybind11::arg("captures"),
+           pybind11::arg("streams"), pybind11::arg("slots"),
+           pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>())
+      .def("cancel", &BeamSearch::cancel, pybind11::arg("id"))
+      .def("plan", &BeamSearch::plan, pybind11::return_value_policy::reference_internal)
+      .def("compact", &BeamSearch::compact, pybind11::return_value_policy::reference_internal)
+      .def("advance", &BeamSearch::advance_pools, pybind11::arg("values"), pybind11::arg("tokens"), pybind11::arg("m"),
+           pybind11::arg("all_heads"), pybind11::arg("head_rows"), pybind11::arg("wanted") = pybind11::none(),
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("take_freed", &BeamSearch::take_freed)
+      .def("rows", &BeamSearch::rows)
+      .def("beam_rows", &BeamSearch::beam_rows)
+      .def("__len__", &BeamSearch::size);
 }

@@ -5,10 +5,11 @@
 
 #include "attention.h"
 #include "model.h"
+#include "search.h"
 
 namespace {
 
-class Loop;
+class CompiledLoop;
 
 class Runtime : public Model {
  public:
@@ -223,15 +224,14 @@ class Runtime : public Model {
     return out.scatter_(-1, candidates, exact + output_.bias.index_select(0, candidates.reshape(-1)).view_as(exact));
   }
 
-  // model.search.next_logprobs followed by row_topk(·, m) for the states x (N, d_model) of the last layer,
-  // without the (N, V) log-probabilities: per row one pass picks the largest logits (under int8 the `rescore_`
-  // best recomputed from the fp32 weight, as `logits` does), one more sums e^(logit - max), and only the picked
-  // ones get their log-probability (logit - max) - log Σ, then ordered as at::topk orders log-probabilities (of
-  // equal values the lower column first). Banned tokens (pad; eos before min_new_tokens) are left out; a row at
-  // its budget (`ending[r]`) gets eos at 0 and -inf after it, as next_logprobs forces; `banned[r]`: row r may not
-  // end yet.
-  std::tuple<Tensor, Tensor> candidates(const Tensor& x, int64_t m, const std::vector<char>& banned,
-                                        const std::vector<char>& ending, int64_t eos, int64_t pad) const {
+  // Each row's m candidates (search.h's row_candidates) for the last layer's states x (N, d_model), without the
+  // (N, V) log-probabilities: one pass picks a row's largest logits (under int8 the `rescore_` best recomputed from
+  // the fp32 weight), one more sums e^(logit - max), and only the picked ones get a log-probability. `wanted`:
+  // `wanted_width` tokens a row (-1: none) whose log-probabilities (exact under int8) come back beside, (N, width).
+  std::tuple<Tensor, Tensor, std::vector<float>> candidates(const Tensor& x, int64_t m, const std::vector<char>& banned,
+                                                            const std::vector<char>& ending, int64_t eos, int64_t pad,
+                                                            const std::vector<int64_t>& wanted = {},
+                                                            int64_t wanted_width = 0) const {
     const int64_t rows = x.size(0), d = x.size(1);
     const int64_t kernel = rows <= output_.rows_cut ? output_.small : output_.large;
     // (N, V) logits, int8 ones not yet rescored; from the int8 tiles with each row's 64-column maxima beside
@@ -250,22 +250,11 @@ class Runtime : public Model {
     const float *w = output_.weight.data_ptr<float>(), *b = output_.bias.data_ptr<float>();
     const float* states = state.data_ptr<float>();
     float* logits = out.data_ptr<float>();
-    const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> v(pool);
+    std::vector<float> v(pool), wanted_lp(rows * wanted_width, -std::numeric_limits<float>::infinity());
     std::vector<int64_t> column(pool);
-    std::vector<std::pair<float, int64_t>> picked;
-    std::vector<int64_t> left_out;
     for (int64_t r = 0; r < rows; ++r) {
-      float* vs = value_out + r * m;
-      int64_t* ts = token_out + r * m;
-      if (ending[r]) {  // every token -inf but eos at 0: eos, then the lowest other columns
-        vs[0] = 0.0f;
-        ts[0] = eos;
-        for (int64_t j = 1, c = 0; j < m; ++c) {
-          if (c == eos) continue;
-          vs[j] = -inf;
-          ts[j++] = c;
-        }
+      if (ending[r]) {
+        row_candidates(nullptr, nullptr, 0, 0.0f, 0.0f, m, false, true, eos, pad, value_out + r * m, token_out + r * m);
         continue;
       }
       float* row = logits + r * width;
@@ -278,34 +267,20 @@ class Runtime : public Model {
       // every logit outside the pool is at most the pool's smallest, so the pool holds the row's largest
       const float top = *std::max_element(v.begin(), v.end());
       const float log_sum = std::log(sum_exp_loop(row, width, top));
-      picked.clear();
-      left_out.clear();
-      for (int64_t j = 0; j < pool; ++j) {
-        if (column[j] == pad || (banned[r] && column[j] == eos)) {
-          left_out.push_back(column[j]);
-        } else {
-          picked.emplace_back((v[j] - top) - log_sum, column[j]);
-        }
-      }
-      std::sort(left_out.begin(), left_out.end());
-      std::sort(picked.begin(), picked.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
-      for (int64_t j = 0; j < m; ++j) {
-        if (j < static_cast<int64_t>(picked.size())) {
-          vs[j] = picked[j].first;
-          ts[j] = picked[j].second;
-        } else {  // a vocabulary of at most m + 1 tokens: the banned ones at -inf, lower column first
-          vs[j] = -inf;
-          ts[j] = left_out[j - picked.size()];
-        }
+      row_candidates(v.data(), column.data(), pool, top, log_sum, m, banned[r], false, eos, pad, value_out + r * m,
+                     token_out + r * m);
+      for (int64_t j = 0; j < wanted_width; ++j) {
+        const int64_t token = wanted[r * wanted_width + j];
+        if (token < 0) continue;
+        const float logit = rescored > 0 ? dot_loop(w + token * d, states + r * d, d) + b[token] : row[token];
+        wanted_lp[r * wanted_width + j] = (logit - top) - log_sum;
       }
     }
-    return {values, tokens};
+    return {values, tokens, wanted_lp};
   }
 
  private:
-  friend class Loop;  // decoding.h's decode loop: the layers, the candidates and the workspace
+  friend class CompiledLoop;  // decoding.h's decode loop: the layers, the candidates and the workspace
 
   // The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
   // column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's

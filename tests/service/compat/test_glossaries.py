@@ -179,3 +179,19 @@ def test_with_api_keys_a_glossary_is_its_keys_alone(service_url):
         one.delete_glossary(made)
     anonymous = httpx.get(f"{service_url}{GUARDED_PREFIX}/v2/glossaries")
     assert anonymous.status_code == 403
+
+
+def test_v1_marks_the_tokens_a_term_set_and_leaves_them_out_of_the_models_confidence(client):
+    """The search holds the translation to the terms: their tokens are listed as the glossary's, a greedy request
+    says it searched wider, and trust's log-probability signals are the mean over the model's own tokens."""
+    body = {"texts": ["My cat drinks green tea."], "source_lang": "en", "target_lang": "zh", "glossary": ENTRIES,
+            "beam_size": 1, "trust": "fast"}
+    translation = client.post("/v1/translate", json=body).json()["translations"][0]
+    assert "beam of" in translation["search_note"]
+    marked = translation["glossary_tokens"]
+    pieces = "".join(translation["target_tokens"][i] for i in marked)
+    assert "猫" in pieces and "绿茶" in pieces
+    own = [score for i, score in enumerate(translation["token_scores"]) if i not in marked]
+    assert translation["trust"]["signals"]["forward_logprob"] == pytest.approx(sum(own) / len(own), abs=1e-6)
+    plain = client.post("/v1/translate", json={**body, "glossary": None}).json()["translations"][0]
+    assert "glossary_tokens" not in plain and "search_note" not in plain
