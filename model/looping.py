@@ -33,6 +33,7 @@ class TextLoop:
         max_waiting: int,
         on_joined: Callable[[Batch, list[float]], None] | None,
         on_done: Callable[[Batch], None] | None,
+        word_continuations: list[int] | None = None,
     ) -> None:
         self.encode_source, self.builder = encode_source, builder
         self.loop = DecodeLoop(
@@ -47,6 +48,7 @@ class TextLoop:
             finish=self._finished,
             on_joined=on_joined,
             on_done=on_done,
+            word_continuations=word_continuations,
         )
 
     @property

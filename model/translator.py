@@ -12,6 +12,7 @@ texts (model.looping), alignments and their agreement (model.agreeing), trust (m
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -41,7 +42,7 @@ from model.translation import Builder, check_source_ids, decoding_options, encod
 
 __all__ = ["Explanation", "StreamedToken", "Translation", "Translator"]
 
-MAX_TERM_BEAM = 8  # the widest beam a glossary's terms raise a search to
+MAX_TERM_BEAM = 4  # the widest beam a glossary's terms raise a search to (the default beam)
 
 
 class Translator:
@@ -151,8 +152,15 @@ class Translator:
         head = self.alignment_head if alignment_attention else None
         return beam_search(
             self.model, source_ids, options, return_attention=return_attention, alignment_head=head, step=self.step,
-            constraints=constraints,
+            constraints=constraints, word_continuations=self.word_continuations if constraints else None,
         )
+
+    @functools.cached_property
+    def word_continuations(self) -> list[int]:
+        """Target tokens that go on the word before them (a Latin letter or digit without the ▁ that starts a
+        word): a term must not be followed by one (a character script has none)."""
+        pieces = self.tokenizer.target_pieces
+        return [i for i, piece in pieces.items() if piece[:1].isascii() and piece[:1].isalnum()]
 
     @property
     def constrains(self) -> bool:
@@ -247,7 +255,7 @@ class Translator:
         if self._loop is None:
             self._loop = TextLoop(
                 self.model, self.step, self.alignment_head, self.encode_source, self._builder,
-                policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done,
+                policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done, self.word_continuations,
             )
 
     @property

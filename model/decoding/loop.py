@@ -24,15 +24,19 @@ EVERY_HEAD, ONE_HEAD, NOTHING = CAPTURE["every_head"], CAPTURE["one_head"], CAPT
 host_reads = 0  # device → host copies a StepLoop made (one per step), for tests and benchmarks
 
 
-def new_loop(step, alignment_head: tuple[int, int | None] | None = None):
+def new_loop(step, alignment_head: tuple[int, int | None] | None = None, word_continuations: list[int] | None = None):
     """The decode loop for `step`: its compiled one, else the search over it, else (no runtime) the reference.
-    alignment_head (layer, head or None for the layer's average): the rows a request capturing one head keeps."""
+    alignment_head (layer, head or None for the layer's average): the rows a request capturing one head keeps;
+    word_continuations: the target tokens that go on a word (a constraint followed by one is not met)."""
     if getattr(step, "new_loop", None) is not None:
-        return step.new_loop(alignment_head)
-    extension = compiled_extension()
-    if extension is None:
+        loop = step.new_loop(alignment_head)
+    elif (extension := compiled_extension()) is None:
         return ReferenceLoop(step, alignment_head)
-    return StepLoop(step, extension, alignment_head)
+    else:
+        loop = StepLoop(step, extension, alignment_head)
+    if word_continuations:
+        loop.set_word_continuations(list(word_continuations))
+    return loop
 
 
 def capture_code(every_head: bool, head_rows: bool) -> int:
@@ -73,6 +77,9 @@ class StepLoop:
 
     def cancel(self, id: int) -> None:
         self.search.cancel(id)
+
+    def set_word_continuations(self, tokens: list[int]) -> None:
+        self.search.set_word_continuations(tokens)
 
     @torch.inference_mode()
     def join(

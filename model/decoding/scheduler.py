@@ -117,6 +117,7 @@ class Scheduler:
         max_texts: int | None = None,
         on_joined: Callable[[Batch, list[float]], None] | None = None,
         on_done: Callable[[Batch], None] | None = None,
+        word_continuations: list[int] | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
@@ -132,7 +133,8 @@ class Scheduler:
         self.max_rows = max_rows
         self.max_waiting = max_waiting
         self.alignment_head = alignment_head  # (layer, head or None for the average) for `alignment_rows`
-        self.loop = new_loop(self.decoder_step, alignment_head)  # the compiled loop, or the Python one
+        # the compiled loop, or the search over the step; word_continuations: target tokens that go on a word
+        self.loop = new_loop(self.decoder_step, alignment_head, word_continuations)
         self.running: list[DecodeRequest] = []  # on the loop, in the order they joined
         self._by_loop_id: dict[int, DecodeRequest] = {}
         self.waiting: deque[DecodeRequest] = deque()
@@ -308,10 +310,12 @@ class DecodeLoop:
         finish: Callable[[list[DecodeRequest]], list] | None = None,
         on_joined: Callable[[Batch, list[float]], None] | None = None,
         on_done: Callable[[Batch], None] | None = None,
+        word_continuations: list[int] | None = None,
     ) -> None:
         self.scheduler = Scheduler(
             model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=alignment_head, step=step,
             policy=policy, max_texts=max_texts, on_joined=self._joined, on_done=on_done,
+            word_continuations=word_continuations,
         )
         self.gather_s = gather_s
         self._finish = finish

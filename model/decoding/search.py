@@ -56,6 +56,7 @@ def beam_search(
     step=None,
     reference: bool = False,
     constraints: list[list[list[int]]] | None = None,
+    word_continuations: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) and return its best hypotheses, best first.
 
@@ -64,7 +65,8 @@ def beam_search(
     cross-attention; alignment_head (layer, head or None): it carries that head's rows
     (`alignment_attention`), all an alignment needs. step: what runs each decoding step (model.runtime.load_step's
     compiled or eager step; None: the model's own, EagerStep). reference: on the reference search (the oracle).
-    constraints: per source, token sequences every hypothesis contains (lexically constrained search).
+    constraints: per source, token sequences every hypothesis contains (lexically constrained search), as whole
+    words where word_continuations names the tokens that go on a word.
     """
     options = options or DecodingOptions()
     config = model.config
@@ -77,7 +79,7 @@ def beam_search(
     hidden = encoded(step, source_ids, config.pad_token_id, device)  # the encoder once for the whole batch
     # every source joins the loop now and leaves when done
     what = capture_code(return_attention, alignment_head is not None)
-    loop = ReferenceLoop(step, alignment_head) if reference else new_loop(step, alignment_head)
+    loop = ReferenceLoop(step, alignment_head) if reference else new_loop(step, alignment_head, word_continuations)
     ids = loop.join(
         hidden, lengths, [options.beam_size] * batch, budgets, [options.min_new_tokens] * batch,
         [float(options.length_penalty)] * batch, [what] * batch, [False] * batch, constraints or [],

@@ -8,6 +8,7 @@ request without constraints decodes exactly as it does alone while constrained o
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -123,3 +124,14 @@ def test_a_greedy_text_with_terms_searches_wider_and_says_so(translator):
     assert plain.search_note is None and not plain.forced
     assert "beam of 3" in held.search_note and "电脑" in held.text
     assert [held.target_tokens[i] for i, flag in enumerate(held.forced) if flag] == ["电", "脑"]
+
+
+def test_a_term_in_a_spaced_language_is_a_whole_word():
+    """A term's last piece followed by one that goes on the word ("sales" + "7") is not the term: every
+    translation holds each term as a word of its own."""
+    translator = Translator.from_pretrained("zh-en")
+    texts = ["他在销售部门工作。", "这个组织很大。", "我们要保护环境。", "机场的安保人员很多。", "这是原创的作品。"]
+    terms = [["sales"], ["organization"], ["environment"], ["security"], ["original"]]
+    for translation, wanted in zip(translator.translate(texts, terms=terms), terms, strict=True):
+        for term in wanted:
+            assert re.search(rf"(?<![\w]){term}(?![\w])", translation.text), (translation.text, term)

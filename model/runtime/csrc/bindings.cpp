@@ -129,6 +129,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>(),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("cancel", &CompiledLoop::cancel, pybind11::arg("id"))
+      .def("set_word_continuations", &CompiledLoop::set_word_continuations, pybind11::arg("tokens"))
       .def("step", &CompiledLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("rows", &CompiledLoop::rows)
       .def("__len__", &CompiledLoop::size);
@@ -163,6 +164,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("all_heads"), pybind11::arg("head_rows"), pybind11::arg("wanted") = pybind11::none(),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("take_freed", &BeamSearch::take_freed)
+      .def("set_word_continuations", &BeamSearch::set_word_continuations, pybind11::arg("tokens"))
       .def("rows", &BeamSearch::rows)
       .def("beam_rows", &BeamSearch::beam_rows)
       .def("__len__", &BeamSearch::size);

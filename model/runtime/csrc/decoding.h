@@ -48,6 +48,7 @@ class CompiledLoop {
   }
 
   void cancel(int64_t id) { search_.cancel(id); }
+  void set_word_continuations(const std::vector<int64_t>& tokens) { search_.set_word_continuations(tokens); }
   int64_t rows() const { return search_.rows(); }
   int64_t size() const { return search_.size(); }
 

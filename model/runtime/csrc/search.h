@@ -299,6 +299,16 @@ class BeamSearch {
   // The source slots of the requests that left since the last call.
   std::vector<int64_t> take_freed() { return std::exchange(freed_, {}); }
 
+  // The target tokens that continue a word (no word boundary before them): a constraint is a whole word, so one
+  // followed by such a token is not met.
+  void set_word_continuations(const std::vector<int64_t>& tokens) {
+    continues_.assign(0, 0);
+    for (int64_t token : tokens) {
+      if (token >= static_cast<int64_t>(continues_.size())) continues_.resize(token + 1, 0);
+      continues_[token] = 1;
+    }
+  }
+
  private:
   static constexpr float kNeg = -1.0e9f;
 
@@ -310,6 +320,7 @@ class BeamSearch {
     // under constraints: which are met, the one under way and its tokens so far, and the tokens they set
     std::vector<char> met, forced;
     int64_t phrase = -1, progress = 0, met_tokens = 0;
+    int64_t closing = -1;  // the constraint its last token completed: a token that continues the word undoes it
   };
 
   struct Request {
@@ -448,8 +459,17 @@ class BeamSearch {
 
   // `path` after its last token: a constraint under way goes on or is given up (its tokens no longer marked), an
   // unmet one whose first token this is starts.
-  static void constrain(const Request& request, Path& path) {
+  void constrain(const Request& request, Path& path) const {
     const int64_t token = path.tokens.back();
+    if (path.closing >= 0) {  // the word a constraint ended goes on: it was not the term
+      const int64_t c = path.closing, length = static_cast<int64_t>(request.constraints[c].size());
+      path.closing = -1;
+      if (token < static_cast<int64_t>(continues_.size()) && continues_[token]) {
+        path.met[c] = 0;
+        for (int64_t i = 0; i < length; ++i) path.forced[path.forced.size() - 2 - i] = 0;
+        path.met_tokens -= length;
+      }
+    }
     if (path.phrase >= 0) {
       const std::vector<int64_t>& phrase = request.constraints[path.phrase];
       if (token == phrase[path.progress]) {
@@ -457,6 +477,7 @@ class BeamSearch {
         ++path.met_tokens;
         if (++path.progress == static_cast<int64_t>(phrase.size())) {
           path.met[path.phrase] = 1;
+          path.closing = path.phrase;
           path.phrase = -1;
           path.progress = 0;
         }
@@ -473,6 +494,7 @@ class BeamSearch {
       ++path.met_tokens;
       if (request.constraints[c].size() == 1) {
         path.met[c] = 1;
+        path.closing = static_cast<int64_t>(c);
       } else {
         path.phrase = static_cast<int64_t>(c);
         path.progress = 1;
@@ -671,6 +693,7 @@ class BeamSearch {
   bool left_ = false;  // a request left since the last step
   std::vector<int64_t> freed_;
   Layout layout_;
+  std::vector<char> continues_;  // by token: continues a word
 };
 
 }  // namespace
