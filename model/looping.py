@@ -1,4 +1,4 @@
-"""A translator's texts through its decode loop (model.decoding.scheduler.DecodeLoop, in a thread of its own): one
+"""A translator's texts through its decode loop (model.decoding.scheduler.SchedulerThread, in a thread of its own): one
 Future of a Translation per text, tokens streamed as they settle, a step's finished texts built together.
 Translator.start_loop, submit, cancel and decoder_rows delegate here.
 """
@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from model.decoding.scheduler import Batch, DecodeLoop, DecodeRequest, Policy
+from model.decoding.scheduler import Batch, DecodeRequest, Policy, SchedulerThread
 from model.options import DecodingOptions
 from model.results import StreamedToken, Translation, blank_translation
 from model.transformer import Transformer
 from model.translation import Builder
 
 
-class TextLoop:
+class TranslationQueue:
     """One model's decode loop and what feeds it: texts encoded by `encode_source`, finished ones built by
     `builder`."""
 
@@ -36,7 +36,7 @@ class TextLoop:
         word_continuations: list[int] | None = None,
     ) -> None:
         self.encode_source, self.builder = encode_source, builder
-        self.loop = DecodeLoop(
+        self.loop = SchedulerThread(
             model,
             max_rows=max_rows,
             max_waiting=max_waiting,

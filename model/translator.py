@@ -30,7 +30,7 @@ from model.explanations.agreement import AlignmentRows
 from model.explanations.attribution import Attributions
 from model.explanations.explain import AttentionSteps
 from model.loading import translator_parts
-from model.looping import TextLoop
+from model.looping import TranslationQueue
 from model.options import DecodingOptions
 from model.results import Explanation, StreamedToken, Translation
 from model.runtime import load_step
@@ -69,7 +69,7 @@ class Translator:
         # which head alignments are read from, and why (ModelConfig.alignment_source: config.json, else the card)
         self.alignment = self.config.alignment_source(model_card)
         self.calibration = calibration  # trust's fit (trust.json beside the weights), or None: uncalibrated
-        self._loop: TextLoop | None = None
+        self._loop: TranslationQueue | None = None
         self._aligner = Aligner(tokenizer, self.exact_model, self.alignment_head, self.alignment_shift, name)
         self._builder = Builder(tokenizer, self._aligner, self.alignment_head)
         self._assessor = Assessor(tokenizer, self._aligner, self.config.max_position_embeddings)
@@ -250,10 +250,10 @@ class Translator:
         on_done: Callable[[Batch], None] | None = None,
     ) -> None:
         """Start the decode loop `submit` feeds, in its own thread (model.looping; model.decoding.scheduler's
-        DecodeLoop says what `policy` and each limit mean); on_joined(batch, waits) and on_done(batch) are called
+        SchedulerThread says what `policy` and each limit mean); on_joined(batch, waits) and on_done(batch) are called
         from its thread as a batch joins and as its last text leaves (metrics)."""
         if self._loop is None:
-            self._loop = TextLoop(
+            self._loop = TranslationQueue(
                 self.model, self.step, self.alignment_head, self.encode_source, self._builder,
                 policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done, self.word_continuations,
             )

@@ -1,11 +1,11 @@
-"""The decode loop for each step kind, all on the one search (csrc/search.h).
+"""The decode loop for each step kind, all on the one search (the runtime's BeamSearch).
 
 A loop's contract: requests `join` with their encoder's hidden states, each `step` decodes one token for every row
 and hands out the streamed tokens and the requests that are done, `cancel` frees a request's rows at the next step.
 The compiled step has its loop in C++ (its own row storage). The eager and graph steps run under `StepLoop`: the
 search plans the rows, the step's storage (a RaggedCache, or the graph step's fixed buffers) takes them, the step
 decodes, and each row's best log-probabilities come back in one copy for the search to advance. Without the
-compiled runtime, the reference search (model/decoding/reference.py) decodes instead.
+compiled runtime, the reference search (ReferenceLoop) decodes instead.
 """
 
 from __future__ import annotations

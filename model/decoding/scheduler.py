@@ -3,16 +3,16 @@
 `Scheduler` keeps the queue and decides when waiting requests join, by its policy: "continuous" (iteration-level
 batching) admits them at the next step, "static" only when the loop is empty (a batch decodes to its end before the
 next joins: the static batching the benchmarks compare against). The rows decode on the decode loop
-(model/decoding/loop.py `new_loop`: the compiled loop, csrc/decoding.h, or the Python one over the eager or graph
+(`new_loop`: the compiled loop, or the search driving the eager or graph
 step), the loop every search runs on. Each `step()` first admits waiting requests (their encoder pass runs and they
 join the loop), then the loop decodes one token for every row and advances each request's search on its own rows; a
 request that is done leaves at once and its rows are freed for the next step. A request with beam size k holds k
 rows (greedy: one).
 
 Exactness: each request's search is the one `beam_search` runs for it alone (both step through
-the one search, csrc/search.h, with the same tie-breaking), and the rows of other requests only add masked
+the one search, BeamSearch, with the same tie-breaking), and the rows of other requests only add masked
 positions to its attention (weight exactly 0), so its ids, scores and attention equal decoding it alone, up to
-float summation order (tests/model/test_scheduler.py).
+float summation order.
 
 Orca (OSDI 2022) named the idea; vLLM and TensorRT-LLM's in-flight batching do it for decoders.
 """
@@ -74,7 +74,7 @@ class DecodeRequest:
 
 
 class _Submission(NamedTuple):
-    """A source handed to DecodeLoop, waiting in its inbox for the loop's thread."""
+    """A source handed to SchedulerThread, waiting in its inbox for the loop's thread."""
 
     source_ids: list[int]
     options: DecodingOptions | None
@@ -280,7 +280,7 @@ class Scheduler:
         self._join_the_loop(joining, hidden, [len(ids) for ids in sources])
 
 
-class DecodeLoop:
+class SchedulerThread:
     """A `Scheduler` stepping in its own thread: submit from any thread, get a Future per source.
 
     The loop sleeps while there is nothing to decode and steps while anything runs or waits, so a

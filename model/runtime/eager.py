@@ -1,6 +1,6 @@
 """The lecture model's own decoding step: one new position per row over a KV cache, through model.transformer's
 layers (inference: no dropout). It is the reference the compiled runtime (csrc/) is tested against and the step
-EagerStep runs where the runtime cannot be built; the lecture network itself (model/transformer.py) knows only
+EagerStep runs where the runtime cannot be built; the lecture network itself (model.transformer) knows only
 whole sequences.
 """
 

@@ -25,20 +25,19 @@ BUILD_DIR_ENV = "TRANSLATE_RUNTIME_BUILD_DIR"
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "bindings.cpp"  # the one translation unit: it includes every header of csrc/
 # -fopenmp-simd: the `omp simd` loops use vector lanes (no OpenMP runtime); each loop is compiled for several CPU
-# levels in one build and each call goes to this CPU's copy, or TRANSLATE_CPU_ISA's (csrc/common.h), so no -march
+# levels in one build and each call goes to this CPU's copy, or TRANSLATE_CPU_ISA's, so no -march
 # USE_FBGEMM: torch's own build flag, which an extension does not get; set where this torch has fbgemm and ships its
-# headers, so that TRANSLATE_CPU_ISA also holds fbgemm's int8 kernels to the level (csrc/bindings.cpp)
+# headers, so that TRANSLATE_CPU_ISA also holds fbgemm's int8 kernels to the level (`limit_cpu_isa`)
 _FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines and (
     Path(torch.__file__).parent / "include" / "fbgemm" / "Utils.h"
 ).is_file()
-# -fno-trapping-math: a clamp in a loop (`y < -87 ? -87 : y`) may then be a lane-wise select; without it GCC keeps
-# the compare as a branch for its FP exception and leaves the AVX2 copy of such a loop scalar (sum_exp_loop: 11 %
-# of an int8 decode at AVX2, perf). Values are unchanged: no reassociation, no finite-math assumptions.
+# -fno-trapping-math: a clamp in a loop may then be a lane-wise select, so GCC vectorises it; values are unchanged
+# (no reassociation, no finite-math assumptions).
 CFLAGS = ["-O2", "-fopenmp-simd", "-fno-trapping-math", *(["-DUSE_FBGEMM"] if _FBGEMM else [])]
-KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "tiles"}  # csrc/common.h's Kernel
+KERNELS = {0: "linear", 1: "transposed", 2: "int8", 3: "onednn", 4: "tiles"}  # the runtime's Kernel enum
 QUANTIZED = ("int8", "tiles")  # fbgemm's dynamic int8 linear; the runtime's own int8 tiles (AVX-512 VNNI or AVX2)
 ACTIVATIONS = {"swish": 0, "silu": 0, "relu": 1, "gelu": 2, "gelu_new": 3, "gelu_fast": 3, "gelu_pytorch_tanh": 3}
-CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # csrc/common.h's Capture: what a compiled search keeps
+CAPTURE = {"nothing": 0, "every_head": 1, "one_head": 2}  # the runtime's Capture: what a search keeps
 
 _extension: object | None = None
 _extension_error: str | None = None
@@ -149,7 +148,7 @@ def check_codes(extension) -> None:
     captures = {name: int(value) for name, value in extension.Capture.__members__.items()}
     activations = {int(value) for value in extension.Activation.__members__.values()}
     if kernels != KERNELS or captures != CAPTURE or not set(ACTIVATIONS.values()) <= activations:
-        raise RuntimeError("model/runtime/extension.py's codes disagree with csrc/common.h's enums")
+        raise RuntimeError("the Python codes disagree with the compiled runtime's enums")
 
 
 def failure() -> str | None:

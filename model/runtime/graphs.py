@@ -2,7 +2,7 @@
 
 A small model's step on a GPU is bound by kernel launches, not arithmetic: three decoder layers are about a hundred
 small kernels, each a few microseconds of Python and driver work. `GraphStep` runs the same step (model/runtime/
-eager.py's `step_layers`, the reference) for the decode loop's rows (model/decoding/loop.py) over buffers whose
+eager.py's `step_layers`, the reference) for the decode loop's rows (StepLoop) over buffers whose
 shapes do not change while rows join and leave (`StaticRows`): rows, decode capacity and source length rounded up to
 buckets, each row's self-attention K/V written in place at its own position held on the device, every row attending
 over the whole capacity with the positions it has not reached masked. Shapes fixed, the whole step (row moves

@@ -1,6 +1,6 @@
 """int8 weights for the compiled step: symmetric per-output-channel quantization of the fp32 weights read from
 safetensors (nothing quantized is ever read from disk). Whether activations may use all 8 bits is the compiled
-step's one CPU probe (`reduce_range` in model/runtime/step.py)."""
+step's one CPU probe (`step.reduce_range`)."""
 
 from __future__ import annotations
 

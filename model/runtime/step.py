@@ -1,8 +1,8 @@
-"""The decoding steps: the compiled step (the extension model/runtime/extension.py builds and loads) with its kernels
+"""The decoding steps: the compiled step (the extension `model.runtime.extension` builds and loads) with its kernels
 chosen on the running machine, the eager step it falls back to, and on a GPU the eager step's CUDA graphs. The
-compiled step's `new_loop` is the decode loop every search runs on it (csrc/decoding.h: requests join and leave
+compiled step's `new_loop` is the decode loop every search runs on it (CompiledLoop: requests join and leave
 between steps; a static batch joins at once); the eager and graph steps expose `decode_rows` (one step for the decode
-loop's ragged rows), which model/decoding/loop.py's Loop, the same loop in Python, drives. Every step also has
+loop's ragged rows), which StepLoop drives with the same search. Every step also has
 `start_cache`/`decode_step` (one source, one position at a time), which `forced_pass` runs for explanations."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class RuntimeInfo:
     threads: int = field(default_factory=torch.get_num_threads)
     kernels: dict[str, str] = field(default_factory=dict)  # matmul -> "small/large" kernel chosen
     choice_ms: float = 0.0
-    # the instruction set the step runs at (model/cpu_isa.py): the compiled loops' level, or ATen's capability
+    # the instruction set the step runs at (model.cpu_isa): the compiled loops' level, or ATen's capability
     cpu_isa: str = field(default_factory=lambda: torch.backends.cpu.get_cpu_capability().lower())
     int8_tiles: str = ""  # the compiled step's own int8 tiles on this CPU: "vnni", "avx2" or "" (fbgemm only)
 
@@ -53,7 +53,7 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step (model/transformer.py): the reference, and the fallback. The search drives its
+    """The lecture model's own step (model.transformer): the reference, and the fallback. The search drives its
     `decode_rows` from Python (it has no compiled decode loop)."""
 
     new_loop = None  # no compiled decode loop: model.decoding.loop.StepLoop drives decode_rows
@@ -91,7 +91,7 @@ class EagerStep:
 
 
 class GraphStep(EagerStep):
-    """The eager step at static shapes (model/runtime/graphs.py): the decode loop's rows live on fixed buffers
+    """The eager step at static shapes (model.runtime.graphs): the decode loop's rows live on fixed buffers
     (`rows_cache`, graphs.StaticRows) and each `decode_rows` is one CUDA graph replay of its row bucket's step on a
     GPU (`capture`; None: when the model is on one), or the same static step run eagerly (a CPU, or where capture
     failed), so rows join and leave between steps at the graph's speed. The ids equal EagerStep's. A forced pass
@@ -190,8 +190,7 @@ class CompiledStep:
             weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
             weights, biases = list(weights), list(biases)
             # int8 candidates for the encoder's feed-forward only, its fc1 only where activations keep all 8 bits
-            # (VNNI): its attention projections in int8 too cost zh-en 0.31 BLEU, the whole encoder in 7 bits
-            # en-zh 0.54, fc1 with fc2 in 7 bits en-zh 0.38 (bench.fast_modes; docs/decisions.md)
+            # (VNNI): more of the encoder in int8 passes the fidelity bound (decisions: "int8: quantized at load")
             fc1 = _prepack(extension, weights[2]) if int8 and not reduce else None
             packed = [None, None, fc1, _prepack(extension, weights[3])] if int8 else []
             self._runtime.add_encoder_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)

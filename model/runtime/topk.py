@@ -1,7 +1,7 @@
 """The m largest values of each row of a wide tensor (a vocabulary's scores), faster than torch.topk on the CPU.
 
-Used by beam search (model/decoding/search.py: each beam's 2k best tokens) and by the fast modes' rescoring of each
-row's best candidates (model/runtime/eager.py: `logits`).
+Used by the search driven from Python (each row's best log-probabilities) and by the fast modes' rescoring of each
+row's best candidates (`eager.logits`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import Tensor
 # row's this many best candidates are recomputed in fp32: the 2k candidates of beams up to 8.
 RESCORED_CANDIDATES = 16
 TOPK_CHUNK = 64  # row_topk: columns per chunk whose maximum is taken first (measured best of 16-128)
-TOPK_CHUNK_MIN_ROWS = 16  # row_topk: below this many rows torch.topk is as fast (bench/experiments/search_step.py)
+TOPK_CHUNK_MIN_ROWS = 16  # row_topk: below this many rows torch.topk is as fast
 
 
 def row_topk(scores: Tensor, m: int) -> tuple[Tensor, Tensor]:
@@ -23,7 +23,7 @@ def row_topk(scores: Tensor, m: int) -> tuple[Tensor, Tensor]:
     in the tail past the last whole chunk or in one of the m chunks with the largest maxima (a chunk outside them
     has m chunks, so m values, at least as large as its own maximum), so torch.topk ranks those m·TOPK_CHUNK
     values and the tail instead of the whole row: from 16 to 64 rows of 8,935 log-probabilities about 2.2x
-    faster than torch.topk here; below TOPK_CHUNK_MIN_ROWS rows it is torch.topk (bench/experiments/search_step.py).
+    faster than torch.topk here; below TOPK_CHUNK_MIN_ROWS rows it is torch.topk.
     Equal values may come back in another order than torch.topk's, which does not specify one either.
     """
     rows, width = scores.shape

@@ -1,6 +1,6 @@
 """The scheduler: every request decoded among others (random arrivals, lengths and settings, a row cap) equals the
 search on it alone, itself tested against transformers in test_transformers_parity.py; the static policy admits
-only into an empty loop; the threaded DecodeLoop gathers static batches and builds a step's finished requests
+only into an empty loop; the threaded SchedulerThread gathers static batches and builds a step's finished requests
 together.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from model import Translator
 from model.config import ModelConfig
-from model.decoding.scheduler import DecodeLoop, Scheduler
+from model.decoding.scheduler import Scheduler, SchedulerThread
 from model.decoding.search import beam_search
 from model.errors import DecoderBusyError
 from model.options import DecodingOptions
@@ -322,10 +322,10 @@ def test_a_batch_reports_when_it_joins_and_when_its_last_request_leaves():
     assert events == [("joined", 2, 2), ("done", 2)]
 
 
-def static_loop(gather_s: float) -> tuple[DecodeLoop, list[int]]:
-    """A static DecodeLoop of up to 8 texts a batch, and the sizes of the batches that joined it."""
+def static_loop(gather_s: float) -> tuple[SchedulerThread, list[int]]:
+    """A static SchedulerThread of up to 8 texts a batch, and the sizes of the batches that joined it."""
     sizes: list[int] = []
-    loop = DecodeLoop(
+    loop = SchedulerThread(
         random_model(6), policy="static", max_texts=8, gather_s=gather_s,
         on_joined=lambda batch, waits: sizes.append(batch.size),
     )
@@ -364,7 +364,7 @@ def test_the_loop_builds_a_steps_finished_requests_together_and_a_failure_reache
         return [request.hypotheses[0].token_ids for request in requests]
 
     # one static batch of three (it joins once all three wait) of equal lengths: they finish at one step
-    loop = DecodeLoop(model, policy="static", max_texts=3, gather_s=30.0, finish=finish)
+    loop = SchedulerThread(model, policy="static", max_texts=3, gather_s=30.0, finish=finish)
     try:
         options = DecodingOptions(max_new_tokens=4, min_new_tokens=4)
         sources = [[3, EOS], [4, 5, EOS], [6, EOS]]

@@ -6,13 +6,11 @@
 namespace {
 
 // One query's attention over `length` positions: w = softmax(q·k_j · scale + mask_j), out = Σ_j w_j v_j. Each q·k
-// sum and each Σ_j stays one chain of multiply-adds in index order: summed in vector lanes they moved a random
-// checkpoint's log-probabilities by 2.4e-5, past the 1e-5 the runtime keeps to the reference
-// (tests/model/test_runtime.py). Several chains run side by side instead, which leaves each result the same to
-// the bit: eight keys' q·k as scalars (a key at a time, each multiply-add waited for the last: 70 % of this
-// function), and 64 output columns of Σ_j w_j v_j in four vectors. `lanes` (the int8 mode, which keeps no bit
-// to the reference): each q·k summed in vector lanes instead, four keys at a time (attend_one was 13 % of a 16-text
-// int8 decode with the chains).
+// sum and each Σ_j stays one chain of multiply-adds in index order, as the reference sums them (in vector lanes
+// they move log-probabilities past the 1e-5 the runtime keeps to it). Several chains run side by side instead,
+// which leaves each result the same to the bit: eight keys' q·k as scalars and 64 output columns of Σ_j w_j v_j in
+// four vectors. `lanes` (the int8 mode, which keeps no bit to the reference): each q·k summed in vector lanes,
+// four keys at a time.
 constexpr int64_t kKeys = 8;
 
 #define ISA_VARIANTS_OF "attend_one.inc"

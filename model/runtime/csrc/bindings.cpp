@@ -10,7 +10,7 @@
 #include "decoding.h"
 
 
-// TRANSLATE_CPU_ISA (model/cpu_isa.py): the runtime's loops and int8 tiles limited to `level` (common.h), and
+// TRANSLATE_CPU_ISA: the runtime's loops and int8 tiles limited to `level` (common.h), and
 // fbgemm's int8 kernels with them where the level is below this CPU's (before fbgemm's first use, at load).
 int limit_cpu_isa(int64_t level) {
   const int now = set_cpu_isa(level);
@@ -50,10 +50,8 @@ Tensor int8_linear(const Tensor& x, const Packed& weight, const Tensor& bias, bo
 }
 
 // One number for which tensor each of `tensors` is, where its data lives and how often it was changed in place
-// (None: an empty slot): model/runtime/step.py's refresh compares it before every decode. Each word is mixed in by
+// (None: an empty slot): CompiledStep.refresh compares it before every decode. Each word is mixed in by
 // h → (h ^ word) · p with p odd, a bijection in h and in the word, so a change to any one word changes the number.
-// Twice a decode; with the slots' lookup in Python, 26 µs for a shipped model's 143 parameters where a stamp built
-// of Python tuples took 40–80 (2-core AMD EPYC, 2026-12-06).
 int64_t weights_stamp(const std::vector<std::optional<Tensor>>& tensors) {
   uint64_t h = 14695981039346656037ULL;
   const auto mix = [&h](uint64_t word) { h = (h ^ word) * 1099511628211ULL; };
@@ -70,7 +68,7 @@ int64_t weights_stamp(const std::vector<std::optional<Tensor>>& tensors) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // The codes Python passes (model/runtime/step.py's KERNELS and ACTIVATIONS are checked against these at load).
+  // The codes Python passes (KERNELS and ACTIVATIONS are checked against these at load).
   pybind11::enum_<Kernel>(m, "Kernel")
       .value("linear", kLinear)
       .value("transposed", kTransposed)

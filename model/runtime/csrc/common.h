@@ -48,7 +48,7 @@ bool plain_cpu(const Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kF
 // The small loops (kernels/cpu_loops.inc, kernels/attend_one.inc) are compiled three times, for AVX-512
 // (x86-64-v4), AVX2 with FMA (x86-64-v3) and plain x86-64, each copy in its own namespace under `#pragma GCC
 // target`, and every call goes to the copy of `cpu_isa()`: this CPU's level, or a lower one asked for at load
-// (TRANSLATE_CPU_ISA, model/runtime/extension.py), so that one build serves every machine it lands on and the
+// (TRANSLATE_CPU_ISA), so that one build serves every machine it lands on and the
 // AVX2 path can be measured on an AVX-512 CPU. Their sums are `omp simd` reductions (built with -fopenmp-simd:
 // vector lanes, no threads), so they may add in another order than a scalar loop: float32 rounding, as the
 // matmul kernels already differ between CPUs.

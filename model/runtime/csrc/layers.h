@@ -15,11 +15,10 @@ struct EncoderLayer {
   Tensor norm1_w, norm1_b, norm2_w, norm2_b;
 };
 
-// Memory the search caches reuse from one decode to the next. Their self-attention buffers (a 16-text beam: about
-// 30 MB) were allocated and freed per decode, and the allocator handed them back to the system and took them again:
-// page faults, 3-5 % of a 16-text int8 decode (perf). A decode takes the smallest kept block that fits (or a new
-// one) and gives it back when its cache goes; at most kKept blocks of at most kMaxFloats are kept. Decodes may run
-// at once (the GIL is released), so the list is locked.
+// Memory the search caches reuse from one decode to the next, so that the allocator does not hand it back to the
+// system and fault it in again. A decode takes the smallest kept block that fits (or a new one) and gives it back
+// when its cache goes; at most kKept blocks of at most kMaxFloats are kept. Decodes may run at once (the GIL is
+// released), so the list is locked.
 class Workspace {
  public:
   static constexpr size_t kKept = 2;

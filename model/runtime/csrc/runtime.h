@@ -79,7 +79,7 @@ class Runtime : public Model {
     return {keys, values};
   }
 
-  // One step of an eager cache (model/runtime/step.py CompiledStep.decode_step): every row at `position` (its K/V
+  // One step of an eager cache (CompiledStep.decode_step): every row at `position` (its K/V
   // written there), attending to positions 0…position.
   std::pair<Tensor, std::vector<Tensor>> step_at(const Tensor& ids, int64_t position,
                                                  const std::vector<Tensor>& self_key,

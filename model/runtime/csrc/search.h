@@ -3,7 +3,7 @@
 // transformers' generate(num_beams=k, early_stopping=True): of the 2k best continuations over an input's beams,
 // an eos among the first k finishes a hypothesis scored by its summed log-probability over length ** penalty, and
 // an input is done when k are finished, none can improve, or its budget ends. Every step kind decodes through
-// this one class: the compiled CPU loop (decoding.h) and the Python-driven steps (model/decoding/loop.py).
+// this one class: the compiled CPU loop (CompiledLoop) and the steps Python drives (StepLoop).
 #pragma once
 
 #include "common.h"

@@ -166,9 +166,7 @@ AVX2_TARGET void avx2_panel(const TileCall& t, int64_t row, int64_t panel, int64
 // The AVX2 tiles, as tile_panels calls them.
 struct Avx2Tiles {
   // 5 rows × 16 columns: 10 ymm accumulators, the two weight halves, the ones, a row's codes and a product fill 15
-  // of the 16 registers. 6 rows need 17: GCC spilled an accumulator to the stack, a load and a store every group
-  // of four inputs (and ten of them while the epilogue's variable index kept `acc` in memory); 5 rows without a
-  // spill decoded zh-en int8 held to AVX2 7 % faster at 16 texts and 8 % at one (AMD EPYC (AVX-512, VNNI)).
+  // of the 16 registers; 6 rows need 17, and GCC spills an accumulator to the stack.
   static constexpr int kRows = 5;
   template <int R>
   static void rows(const TileCall& t, int64_t row, int64_t panel, int64_t blocks) {

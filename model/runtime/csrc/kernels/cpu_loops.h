@@ -89,8 +89,7 @@ inline void block_max_loop(const float* x, int64_t n, int64_t block, float* maxe
 // The m largest values of a row and their columns, largest first and of equal values the lower column first (as
 // at::topk orders them). One vectorised pass takes each block of 64's largest value; the m-th largest of those is
 // a floor for the row's m-th largest value (m blocks reach it), so only the values at or above it, in the blocks
-// that reach it, are gathered and sorted. (Inserting as a pass meets them, in columns ordered by frequency where
-// the likeliest tokens come first, shifted a sorted list for most values: 6 % of a 16-text int8 decode.)
+// that reach it, are gathered and sorted.
 constexpr int64_t kBlock = 64;  // top_of_row's blocks (the VNNI tiles' panels are the same 64 columns)
 
 void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* at_column,

@@ -11,8 +11,8 @@ namespace {
 // (for fc1) SiLU put on in those registers before anything is stored. Against fbgemm's dynamic linear, which reads
 // the activations twice to find one range for the call, quantizes, packs them with row offsets and then rewrites its
 // int32 output as floats that the per-row scale pass reads once more, it makes one pass over x and none over the
-// output: at a text's four beam rows its fixed cost per call is what the matmul costs (perf: requantization alone
-// was 6 % of a 16-text int8 decode). Built for CPUs with VNNI only and chosen where it times faster on the weights
+// output: at a text's four beam rows its fixed cost per call is what the matmul costs. Built for CPUs with VNNI
+// only and chosen where it times faster on the weights
 // (Runtime::choose); elsewhere the AVX2 tiles (kernels/avx2_int8.h) are timed against fbgemm's kernel instead.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_VNNI_KERNEL 1
