@@ -28,11 +28,10 @@ class _Entry(Generic[Item]):
 class BatchQueue(Generic[Item]):
     """submit(item, group) → the handler's result for that item, decoded with up to max_batch_size others.
 
-    One worker takes the next batch only after the previous one is done. A batch holds items with equal
-    `group` keys (decoding options), oldest first: one handler call per batch. A batch that is not full
-    waits up to `wait_s` for company, counted from its oldest item, except right after a batch of one:
-    that item came and went alone, the load is light, and waiting would only add `wait_s` to each lone
-    request. Once a batch holds several items again the wait applies again; a new queue waits.
+    One worker takes the next batch only after the previous one is done, and never waits for company: what
+    arrived meanwhile is the batch. A batch holds items with equal `group` keys (decoding options), oldest
+    first: one handler call per batch. (The decode loop's admission is where texts are gathered for the
+    engine; this queue only batches the work after it.)
 
     handler(items) returns one result per item, in order; a result that is an exception is
     raised to that item's caller only. If the handler itself raises, every item of the batch
@@ -43,17 +42,14 @@ class BatchQueue(Generic[Item]):
         self,
         handler: Callable[[list[Item], list[float]], Awaitable[list[Any]]],
         max_batch_size: int,
-        wait_s: float,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.handler = handler
         self.max_batch_size = max_batch_size
-        self.wait_s = wait_s
         self._entries: deque[_Entry[Item]] = deque()
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
-        self._light_load = False  # the last batch held one item: the next does not wait for company
 
     async def submit(self, item: Item, group: Hashable = None) -> Any:
         loop = asyncio.get_running_loop()
@@ -86,10 +82,6 @@ class BatchQueue(Generic[Item]):
         self._entries = rest
         return batch
 
-    def _ready_to_fill(self) -> int:
-        group = self._entries[0].group if self._entries else None
-        return sum(1 for entry in self._entries if entry.group == group and not entry.future.done())
-
     async def _work(self) -> None:
         assert self._arrived is not None
         while True:
@@ -99,26 +91,11 @@ class BatchQueue(Generic[Item]):
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            # Give a batch that is not full a short while to fill, counted from its oldest live item
-            # (not after a lone batch: see the module's docstring).
-            oldest = self._entries[0]
-            deadline = oldest.enqueued_at + (0.0 if self._light_load else self.wait_s)
-            while self._ready_to_fill() < self.max_batch_size and (remaining := deadline - time.monotonic()) > 0:
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
-                if oldest.future.done():
-                    break
-            if oldest.future.done():
-                continue  # its caller gave up: the wait restarts from the next oldest item
             await self._run(self._take())
 
     async def _run(self, batch: list[_Entry[Item]]) -> None:
         started = time.monotonic()
         waits = [started - e.enqueued_at for e in batch]
-        self._light_load = len(batch) == 1
         outcomes = self.handler([e.item for e in batch], waits)
         await deliver([e.future for e in batch], outcomes, f"batch of {len(batch)}", log_failure=True)
 

@@ -35,7 +35,7 @@ class Finisher:
 
     def __init__(self, served: Served, max_batch: int) -> None:
         self.served = served
-        self.queue: BatchQueue[FinishItem] = BatchQueue(self._batch, max_batch, wait_s=0.0)
+        self.queue: BatchQueue[FinishItem] = BatchQueue(self._batch, max_batch)
 
     async def submit(self, item: FinishItem) -> TranslationRecord:
         return await self.queue.submit(item, item.options)

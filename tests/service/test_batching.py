@@ -52,8 +52,8 @@ async def submitted(queue: BatchQueue, item, group=None) -> asyncio.Task:
 
 
 async def busy_queue(handler: Recorder, first, group=None) -> tuple[BatchQueue, asyncio.Task]:
-    """A queue (batches of up to 16, no wait) whose engine is busy with `first` until handler.release is set."""
-    queue = BatchQueue(handler, max_batch_size=16, wait_s=0.0)
+    """A queue (batches of up to 16) whose engine is busy with `first` until handler.release is set."""
+    queue = BatchQueue(handler, max_batch_size=16)
     handler.release.clear()
     task = asyncio.create_task(queue.submit(first, group=group))
     await handler.started.wait()
@@ -71,28 +71,6 @@ def test_the_next_batch_takes_everything_that_arrived_while_the_engine_was_busy(
         assert results == [f"done {i}" for i in range(21)]
         assert [len(b) for b in handler.batches] == [1, 16, 4]
         assert [i for b in handler.batches for i in b] == list(range(21))  # oldest first
-
-    run(scenario())
-
-
-def test_items_arriving_one_by_one_within_the_wait_share_one_batch():
-    async def scenario():
-        handler = Recorder()
-        # a wait far longer than the test may run: only a full batch can leave in time
-        queue = BatchQueue(handler, max_batch_size=5, wait_s=60)
-        tasks = [await submitted(queue, i) for i in range(5)]  # each arrives after the queue saw the last
-        assert await asyncio.gather(*tasks) == [f"done {i}" for i in range(5)]
-        assert handler.batches == [[0, 1, 2, 3, 4]]
-
-    run(scenario())
-
-
-def test_a_batch_that_does_not_fill_leaves_when_its_wait_is_over():
-    async def scenario():
-        handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=8, wait_s=0.05)
-        assert await asyncio.gather(*(queue.submit(i) for i in range(3))) == ["done 0", "done 1", "done 2"]
-        assert handler.batches == [[0, 1, 2]]
 
     run(scenario())
 
@@ -115,7 +93,7 @@ def test_a_batch_holds_one_group_and_the_oldest_item_goes_first():
 def test_an_item_whose_result_is_an_error_fails_alone():
     async def scenario():
         handler = Recorder()
-        queue = BatchQueue(handler, max_batch_size=4, wait_s=0.1)
+        queue = BatchQueue(handler, max_batch_size=4)
         results = await asyncio.gather(queue.submit("ok"), queue.submit("bad one"), return_exceptions=True)
         assert results[0] == "done ok"
         assert isinstance(results[1], ValueError) and str(results[1]) == "bad bad one"
@@ -133,7 +111,7 @@ def test_a_failing_handler_fails_its_batch_and_the_queue_keeps_serving():
                 raise RuntimeError("engine fell over")
             return [item * 2 for item in items]
 
-        queue = BatchQueue(handler, max_batch_size=4, wait_s=0.05)
+        queue = BatchQueue(handler, max_batch_size=4)
         first = await asyncio.gather(queue.submit(1), queue.submit(2), return_exceptions=True)
         assert all(isinstance(r, RuntimeError) for r in first)
         assert await queue.submit(21) == 42
@@ -162,63 +140,20 @@ def test_a_handler_returning_the_wrong_number_of_results_fails_the_batch_loudly(
         async def handler(items, waits):
             return items[:-1]
 
-        queue = BatchQueue(handler, max_batch_size=4, wait_s=0.05)
+        queue = BatchQueue(handler, max_batch_size=4)
         results = await asyncio.gather(queue.submit(1), queue.submit(2), return_exceptions=True)
         assert all(isinstance(r, RuntimeError) and "2 items" in str(r) for r in results)
 
     run(scenario())
 
 
-def test_when_the_oldest_item_is_cancelled_the_wait_restarts_from_the_next_one():
+def test_an_item_alone_starts_at_once_and_items_queued_together_share_a_batch():
     async def scenario():
         handler = Recorder()
-        wait_s, gap_s = 1.0, 0.25
-        queue = BatchQueue(handler, max_batch_size=8, wait_s=wait_s)
-        gone = await submitted(queue, "gone")  # the queue now waits up to wait_s for company for "gone"
-        await asyncio.sleep(gap_s)  # not for ordering: "kept" must arrive measurably later than "gone"
-        kept = await submitted(queue, "kept")
-        gone.cancel()
-        assert await kept == "done kept"
-        assert handler.batches == [["kept"]]
-        # By the queue's own account (arrival to batch start), "kept" waited a full wait_s for company,
-        # not the wait_s - gap_s left of the cancelled item's wait, nor nothing at all.
-        [[kept_wait]] = handler.waits
-        assert kept_wait >= wait_s - 1e-6
-
-    run(scenario())
-
-
-def test_after_a_lone_batch_the_next_item_starts_at_once_until_a_batch_holds_several():
-    async def scenario():
-        handler = Recorder()
-        wait_s = 0.3
-        queue = BatchQueue(handler, max_batch_size=8, wait_s=wait_s)
-        assert await queue.submit("first") == "done first"  # a new queue waits for company
-        assert await queue.submit("lone") == "done lone"  # after a batch of one: light load, no wait
-        assert await asyncio.gather(queue.submit("a"), queue.submit("b")) == ["done a", "done b"]  # at once too
-        assert await queue.submit("again") == "done again"  # after a batch of two: it waits again
-        assert handler.batches == [["first"], ["lone"], ["a", "b"], ["again"]]
-        # by the queue's own account (arrival to batch start)
-        first, lone, pair, again = (waits[0] for waits in handler.waits)
-        assert first >= wait_s - 1e-6 and again >= wait_s - 1e-6
-        assert lone < wait_s / 3 and pair < wait_s / 3
-
-    run(scenario())
-
-
-def test_items_that_arrive_while_the_engine_works_wait_for_company():
-    async def scenario():
-        handler = Recorder()
-        # a wait far longer than the test may run: only a full batch can leave in time
-        queue = BatchQueue(handler, max_batch_size=3, wait_s=60)
-        handler.release.clear()
-        running = [asyncio.create_task(queue.submit(i)) for i in range(3)]  # queued in one go: a full batch,
-        await handler.started.wait()  # which starts and is held
-        waiting = await submitted(queue, 3)  # arrives while the engine is busy
-        handler.release.set()
-        assert await asyncio.gather(*running) == ["done 0", "done 1", "done 2"]
-        later = [await submitted(queue, i) for i in (4, 5)]
-        assert await asyncio.gather(waiting, *later) == ["done 3", "done 4", "done 5"]
-        assert handler.batches == [[0, 1, 2], [3, 4, 5]]
+        queue = BatchQueue(handler, max_batch_size=8)
+        assert await queue.submit("lone") == "done lone"
+        assert await asyncio.gather(queue.submit("a"), queue.submit("b")) == ["done a", "done b"]
+        assert handler.batches == [["lone"], ["a", "b"]]
+        assert handler.waits[0][0] < 0.05  # by the queue's own account: it waited for nobody
 
     run(scenario())
