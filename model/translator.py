@@ -224,11 +224,10 @@ class Translator:
             chosen = [i for i in range(len(texts)) if not blank[i] and bool(wanted[i]) == constrained]
             if not chosen:
                 continue
-            groups: dict[DecodingOptions, list[int]] = {}  # a text's terms set its beam: equal beams decode together
+            groups: dict[tuple[DecodingOptions, str | None], list[int]] = {}  # a text's terms set its beam
             for i in chosen:
-                groups.setdefault(self._constrained(options, wanted[i])[0], []).append(i)
-            for group in groups.values():
-                used, note = self._constrained(options, wanted[group[0]] if constrained else [])
+                groups.setdefault(self._constrained(options, wanted[i]), []).append(i)
+            for (used, note), group in groups.items():  # equal beams decode together
                 decoded = self.generate([source_ids[i] for i in group], used, return_attention=return_attention,
                                         alignment_attention=not return_attention,
                                         constraints=[wanted[i] for i in group] if constrained else None)

@@ -79,11 +79,6 @@ class CompiledLoop {
     const int64_t m = 2 * layout.widest_beam;
     auto [best_logprob, best_token, wanted] =
         runtime_.candidates(x, m, layout.banned, layout.ending, eos_, pad_, layout.wanted, layout.wanted_width);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < layout.wanted_width; ++j) {
-        const int64_t at = r * layout.wanted_width + j;
-        wanted[at] = search_.constrained(wanted[at], layout.wanted[at], layout.banned[r], layout.ending[r]);
-      }
     Tensor all_heads = layout.every_head ? at::stack(cross, 1) : Tensor();  // (N, L, h, S)
     Tensor head_rows;                                                         // (N, S)
     if (layout.one_head)

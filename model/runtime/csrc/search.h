@@ -274,18 +274,11 @@ class BeamSearch {
     for (int64_t r = 0; r < rows; ++r)
       row_candidates(v.data_ptr<float>() + r * pool, t.data_ptr<int64_t>() + r * pool, pool, 0.0f, 0.0f, m,
                      layout_.banned[r], layout_.ending[r], eos_, pad_, best.data() + r * m, best_tokens.data() + r * m);
-    std::vector<float> wanted_lp(layout_.wanted.size());
-    if (!wanted_lp.empty()) {
-      TORCH_CHECK(wanted && wanted->numel() == static_cast<int64_t>(wanted_lp.size()), "the wanted tokens' values");
-      const Tensor w = wanted->contiguous();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < layout_.wanted_width; ++j) {
-          const int64_t at = r * layout_.wanted_width + j;
-          wanted_lp[at] = constrained(w.data_ptr<float>()[at], layout_.wanted[at], layout_.banned[r], layout_.ending[r]);
-        }
-    }
+    const Tensor w = wanted ? wanted->contiguous() : Tensor();
+    TORCH_CHECK(layout_.wanted.empty() || (w.defined() && w.numel() == static_cast<int64_t>(layout_.wanted.size())),
+                "the wanted tokens' values");
     return advance(best.data(), best_tokens.data(), m, all_heads.value_or(Tensor()), head_rows.value_or(Tensor()),
-                   wanted_lp.data());
+                   w.defined() ? w.data_ptr<float>() : nullptr);
   }
 
   // A wanted token's log-probability under the constraints row_candidates applies.
@@ -529,8 +522,11 @@ class BeamSearch {
       const int64_t row = one_row ? 0 : b;
       std::vector<std::pair<int64_t, float>> options;
       for (int64_t j = 0; j < 2 * k; ++j) options.emplace_back(tk[row * stride + j], lp[row * stride + j]);
-      for (int64_t j = 0; j < width; ++j)
-        if (wanted[row * width + j] >= 0) options.emplace_back(wanted[row * width + j], wanted_lp[row * width + j]);
+      const bool banned = request.step + 1 < request.min_new_tokens;
+      for (int64_t j = 0; j < width; ++j)  // their raw log-probabilities, under the candidates' constraints here
+        if (wanted[row * width + j] >= 0)
+          options.emplace_back(wanted[row * width + j], constrained(wanted_lp[row * width + j], wanted[row * width + j],
+                                                                    banned, ending));
       std::vector<int64_t> seen;
       for (auto [token, logprob] : options) {
         if (std::find(seen.begin(), seen.end(), token) != seen.end() || std::isinf(logprob)) continue;
