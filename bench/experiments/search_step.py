@@ -1,4 +1,4 @@
-"""Beam search's candidate ranking: `model.decoding.search.row_topk` against torch.topk, on one thread, same inputs.
+"""Beam search's candidate ranking: the runtime's `row_topk` against torch.topk, on one thread, same inputs.
 
     python -m bench.experiments.search_step              # writes bench/results/search-step-cpu.json
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from bench import report_command
-from model.runtime.topk import TOPK_CHUNK, row_topk
+from bench import machine, report_command
+from model.runtime.extension import compiled_extension
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -34,6 +33,7 @@ def wall_ms(function: Callable[[], object], calls: int) -> float:
 
 
 def measure(rows: int, m: int, rounds: int, calls: int) -> dict:
+    row_topk = compiled_extension().row_topk
     generator = torch.Generator().manual_seed(rows)
     scores = torch.randn(rows, VOCABULARY, generator=generator).log_softmax(-1)
     expected, got = torch.topk(scores, m, dim=1), row_topk(scores, m)
@@ -50,7 +50,7 @@ def measure(rows: int, m: int, rounds: int, calls: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = [measure(rows, 2 * args.beam_size, args.rounds, args.calls) for rows in args.rows]
-    print(f"ranking the {2 * args.beam_size} best of {VOCABULARY} per row, 1 thread, chunk {TOPK_CHUNK}")
+    print(f"ranking the {2 * args.beam_size} best of {VOCABULARY} per row, 1 thread")
     print("| rows | torch.topk µs | row_topk µs | speed-up |")
     print("|---|---|---|---|")
     for result in results:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {result['rows']} | {us['torch.topk']} | {us['row_topk']} | {result['speedup']}x |")
     report = {
         "command": report_command("bench.experiments.search_step"),
-        "machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": machine(threads=torch.get_num_threads(), torch=torch.__version__),
         "vocabulary": VOCABULARY,
         "results": results,
     }

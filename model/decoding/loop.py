@@ -18,7 +18,6 @@ from model.host import packed_to_host
 from model.runtime import CAPTURE
 from model.runtime.extension import compiled_extension
 from model.runtime.rows import RaggedCache
-from model.runtime.topk import row_topk
 
 EVERY_HEAD, ONE_HEAD, NOTHING = CAPTURE["every_head"], CAPTURE["one_head"], CAPTURE["nothing"]
 host_reads = 0  # device → host copies a StepLoop made (one per step), for tests and benchmarks
@@ -62,6 +61,7 @@ class StepLoop:
         self.config = model.config
         self.device = model.final_logits_bias.device
         self.vocabulary = model.output_weight.size(0)
+        self.topk = extension.row_topk
         self.head = alignment_head if alignment_head is not None else (0, 0)
         rows_cache = getattr(step, "rows_cache", None)  # the graph step's fixed buffers
         self.cache = rows_cache() if rows_cache is not None else RaggedCache(model)
@@ -114,7 +114,7 @@ class StepLoop:
         m = 2 * layout.widest_beam
         # each row's best log-probabilities: enough that m remain once pad and eos are banned
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        values, tokens = row_topk(logprobs, min(self.vocabulary, m + 2))
+        values, tokens = self.topk(logprobs, min(self.vocabulary, m + 2))
         all_heads = torch.stack(cross, dim=1).float() if layout.every_head else None  # (N, L, h, S)
         head_rows = None
         if layout.one_head:

@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.runtime.topk import RESCORED_CANDIDATES, row_topk
 from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
+
+# Where a fast mode computes logits inexactly (int8 in the compiled runtime, bf16 weights here), each row's this many
+# best candidates are recomputed in fp32: the 2k candidates of beams up to 8.
+RESCORED_CANDIDATES = 16
 
 
 def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -73,8 +76,7 @@ def logits(model: Transformer, hidden: Tensor) -> Tensor:
         return model.logits(hidden)
     bias = model.final_logits_bias
     scores = F.linear(hidden.to(weight.dtype), weight).to(hidden.dtype) + bias  # (..., V)
-    rows = scores.view(-1, scores.size(-1))  # the candidates' order does not matter, only which they are
-    candidates = row_topk(rows, min(RESCORED_CANDIDATES, rows.size(-1)))[1].view(*scores.shape[:-1], -1)  # (..., m)
+    candidates = scores.topk(min(RESCORED_CANDIDATES, scores.size(-1)), dim=-1).indices  # (..., m)
     exact = (weight[candidates].to(hidden.dtype) @ hidden.unsqueeze(-1)).squeeze(-1)  # (..., m)
     return scores.scatter_(-1, candidates, exact + bias[candidates])  # scores is ours: in place
 

@@ -20,7 +20,6 @@ from model import cpu_isa, weight_spec
 from model.runtime import eager, graphs
 from model.runtime.extension import ACTIVATIONS, KERNELS, compiled_extension, cpu_model, failure
 from model.runtime.quantize import quantize_per_channel
-from model.runtime.topk import RESCORED_CANDIDATES
 from model.transformer import EncoderOutput
 
 logger = logging.getLogger("model.runtime")
@@ -204,7 +203,7 @@ class CompiledStep:
         output = weight_spec.fp32(tensors[spec.output[0]])
         self._runtime.set_output(
             output, weight_spec.fp32(tensors[spec.output_bias[0]]), [_prepack(extension, output)] if int8 else [],
-            reduce, RESCORED_CANDIDATES,
+            reduce, eager.RESCORED_CANDIDATES,
         )
         self.names.append("output")
         self.info = RuntimeInfo(

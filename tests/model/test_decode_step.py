@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.runtime.eager import cast_weights, decode_step, encode, logits, start_cache
-from model.runtime.topk import RESCORED_CANDIDATES
+from model.runtime.eager import RESCORED_CANDIDATES, cast_weights, decode_step, encode, logits, start_cache
 
 SOURCES = ["The cat sat on the mat.", "We walk to school together every morning."]
 

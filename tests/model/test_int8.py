@@ -13,10 +13,10 @@ import torch
 from model import Translator
 from model.errors import InvalidInputError
 from model.runtime import compiled_extension
+from model.runtime.eager import RESCORED_CANDIDATES
 from model.runtime.extension import ACTIVATIONS, KERNELS
 from model.runtime.quantize import quantize_per_channel
 from model.runtime.step import _prepack, reduce_range
-from model.runtime.topk import RESCORED_CANDIDATES
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 COLUMN = {"en-zh": 0, "zh-en": 1}

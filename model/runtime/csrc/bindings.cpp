@@ -94,6 +94,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_isa", &limit_cpu_isa, pybind11::arg("level"));
   m.def("cpu_isa", &cpu_isa);
   m.def("weights_stamp", &weights_stamp, pybind11::arg("tensors"));
+  m.def("row_topk", [](const Tensor& scores, int64_t m) {
+    at::InferenceMode guard;
+    return row_topk(scores, m);
+  }, pybind11::arg("scores"), pybind11::arg("m"));
   pybind11::class_<Runtime>(m, "Runtime")
       .def(pybind11::init<Tensor, Tensor, double, int64_t, int64_t, double>())
       .def("add_layer", &Runtime::add_layer)

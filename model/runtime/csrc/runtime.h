@@ -197,31 +197,29 @@ class Runtime : public Model {
 
   // Output projection + final_logits_bias; under int8 each row's `rescore_` best candidates recomputed exactly.
   Tensor logits(const Tensor& x) const {
-    int64_t kernel = x.size(0) <= output_.rows_cut ? output_.small : output_.large;
-    Tensor out = output_.run(x, kernel);
+    const int64_t kernel = x.size(0) <= output_.rows_cut ? output_.small : output_.large;
+    Tensor out = output_.run(x, kernel).contiguous();
     if (!quantized(kernel) || rescore_ <= 0) return out;
-    const int64_t count = std::min<int64_t>(rescore_, out.size(1));
-    Tensor candidates = std::get<1>(row_topk(out, count)).contiguous();
-    if (plain_cpu(x) && x.is_contiguous() && plain_cpu(output_.weight) && output_.weight.is_contiguous() &&
-        out.is_contiguous() && output_.bias.defined()) {
-      // each candidate's logit recomputed in place: its fp32 weight row · the row's state + its bias
-      const int64_t rows = x.size(0), d = x.size(1), width = out.size(1);
-      const float *xs = x.data_ptr<float>(), *w = output_.weight.data_ptr<float>();
-      const float* b = output_.bias.data_ptr<float>();
-      const int64_t* picked = candidates.data_ptr<int64_t>();
-      float* o = out.data_ptr<float>();
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* state = xs + r * d;
-        for (int64_t j = 0; j < count; ++j) {
-          const int64_t column = picked[r * count + j];
-          o[r * width + column] = dot_loop(w + column * d, state, d) + b[column];
-        }
-      }
-      return out;
+    const Tensor state = x.contiguous();
+    const int64_t rows = x.size(0), d = x.size(1), width = out.size(1), count = std::min(rescore_, width);
+    std::vector<float> v(count);
+    std::vector<int64_t> column(count);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = out.data_ptr<float>() + r * width;
+      top_of_row(row, width, count, v.data(), column.data());
+      rescore(row, state.data_ptr<float>() + r * d, column.data(), count, v.data());
     }
-    Tensor exact = at::bmm(output_.weight.index_select(0, candidates.reshape(-1)).view({x.size(0), -1, x.size(1)}),
-                           x.unsqueeze(-1)).squeeze(-1);
-    return out.scatter_(-1, candidates, exact + output_.bias.index_select(0, candidates.reshape(-1)).view_as(exact));
+    return out;
+  }
+
+  // The int8 logits of a row's `count` columns recomputed from the fp32 weight, in the row and in `values`.
+  void rescore(float* row, const float* state, const int64_t* columns, int64_t count, float* values) const {
+    const int64_t d = output_.weight.size(1);
+    const float *w = output_.weight.data_ptr<float>(), *b = output_.bias.data_ptr<float>();
+    for (int64_t j = 0; j < count; ++j) {
+      values[j] = dot_loop(w + columns[j] * d, state, d) + b[columns[j]];
+      row[columns[j]] = values[j];
+    }
   }
 
   // Each row's m candidates (search.h's row_candidates) for the last layer's states x (N, d_model), without the
@@ -260,10 +258,7 @@ class Runtime : public Model {
       float* row = logits + r * width;
       top_of_row(row, width, pool, v.data(), column.data(),
                  tiles ? block_maxes.data() + r * ((width + kBlock - 1) / kBlock) : nullptr);
-      for (int64_t j = 0; j < rescored; ++j) {  // int8: the best candidates' logits recomputed exactly, in place
-        v[j] = dot_loop(w + column[j] * d, states + r * d, d) + b[column[j]];
-        row[column[j]] = v[j];
-      }
+      rescore(row, states + r * d, column.data(), rescored, v.data());
       // every logit outside the pool is at most the pool's smallest, so the pool holds the row's largest
       const float top = *std::max_element(v.begin(), v.end());
       const float log_sum = std::log(sum_exp_loop(row, width, top));
@@ -281,39 +276,6 @@ class Runtime : public Model {
 
  private:
   friend class CompiledLoop;  // decoding.h's decode loop: the layers, the candidates and the workspace
-
-  // The m largest of each row of a float matrix and their columns, largest first (of equal values the lower
-  // column first), in one pass per row keeping the m best so far: at a few rows of a vocabulary, at::topk's
-  // fixed cost is most of its time.
-  static std::tuple<Tensor, Tensor> few_rows_topk(const Tensor& scores, int64_t m) {
-    if (!plain_cpu(scores) || !scores.is_contiguous() || scores.dim() != 2 || scores.size(1) < m)
-      return at::topk(scores, m, 1);
-    const int64_t rows = scores.size(0), width = scores.size(1);
-    Tensor values = at::empty({rows, m}, scores.options());
-    Tensor index = at::empty({rows, m}, scores.options().dtype(at::kLong));
-    const float* in = scores.data_ptr<float>();
-    float* best = values.data_ptr<float>();
-    int64_t* where = index.data_ptr<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) top_of_row(in + r * width, width, m, best + r * m, where + r * m);
-    return {values, index};
-  }
-
-  // model.topk.row_topk: the m largest of each wide row by way of chunk maxima (16 rows and more; fewer rows
-  // one pass each).
-  static std::tuple<Tensor, Tensor> row_topk(const Tensor& scores, int64_t m) {
-    constexpr int64_t chunk = 64, min_rows = 16;
-    const int64_t rows = scores.size(0), width = scores.size(1), chunks = width / chunk;
-    if (rows < min_rows) return few_rows_topk(scores, m);
-    if (chunks <= m || !scores.is_contiguous()) return at::topk(scores, m, 1);
-    Tensor whole = scores.as_strided({rows, chunks, chunk}, {width, chunk, 1});
-    Tensor best_chunks = std::get<1>(whole.amax(2).topk(m, 1));
-    const int64_t picked_width = m * chunk, tail_start = chunks * chunk;
-    Tensor picked = whole.index({at::arange(rows, best_chunks.options()).unsqueeze(1), best_chunks}).view({rows, picked_width});
-    auto [values, index] = at::cat({picked, scores.narrow(1, tail_start, width - tail_start)}, 1).topk(m, 1);
-    Tensor in_chunks = best_chunks.gather(1, at::div(index, chunk, "floor").clamp_max_(m - 1)) * chunk + index.remainder(chunk);
-    Tensor column = at::where(index.lt(picked_width), in_chunks, index - picked_width + tail_start);
-    return {values, column};
-  }
 
   std::unique_ptr<Workspace> workspace_ = std::make_unique<Workspace>();
 };

@@ -133,6 +133,19 @@ void top_of_row(const float* row, int64_t width, int64_t m, float* v, int64_t* a
   }
 }
 
+// at::topk(scores, m, 1) of a (rows, width) matrix; a float CPU one row by row through top_of_row.
+std::tuple<Tensor, Tensor> row_topk(const Tensor& scores, int64_t m) {
+  if (!plain_cpu(scores) || scores.dim() != 2 || scores.size(1) < m) return at::topk(scores, m, 1);
+  const Tensor in = scores.contiguous();
+  const int64_t rows = in.size(0), width = in.size(1);
+  Tensor values = at::empty({rows, m}, in.options());
+  Tensor columns = at::empty({rows, m}, in.options().dtype(at::kLong));
+  for (int64_t r = 0; r < rows; ++r)
+    top_of_row(in.data_ptr<float>() + r * width, width, m, values.data_ptr<float>() + r * m,
+               columns.data_ptr<int64_t>() + r * m);
+  return {values, columns};
+}
+
 
 inline void add_norm_loop(const float* xs, const float* ys, const float* ws, const float* bs, float* os, int64_t
                           rows, int64_t d, double eps) {
