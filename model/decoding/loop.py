@@ -1,12 +1,6 @@
-"""The decode loop for each step kind, all on the one search (the runtime's BeamSearch).
-
-A loop's contract: requests `join` with their encoder's hidden states, each `step` decodes one token for every row
-and hands out the streamed tokens and the requests that are done, `cancel` frees a request's rows at the next step.
-The compiled step has its loop in C++ (its own row storage). The eager and graph steps run under `StepLoop`: the
-search plans the rows, the step's storage (a RaggedCache, or the graph step's fixed buffers) takes them, the step
-decodes, and each row's best log-probabilities come back in one copy for the search to advance. Without the
-compiled runtime, the reference search (ReferenceLoop) decodes instead.
-"""
+"""The decode loop of each step kind, all on the one search (the runtime's BeamSearch): `join`, `step` (the streamed
+tokens and the requests done), `cancel`. The compiled step's loop is C++; the eager and graph steps run under
+StepLoop; without the runtime the reference search decodes."""
 
 from __future__ import annotations
 
@@ -24,9 +18,8 @@ host_reads = 0  # device → host copies a StepLoop made (one per step), for tes
 
 
 def new_loop(step, alignment_head: tuple[int, int | None] | None = None, word_continuations: list[int] | None = None):
-    """The decode loop for `step`: its compiled one, else the search over it, else (no runtime) the reference.
-    alignment_head (layer, head or None for the layer's average): the rows a request capturing one head keeps;
-    word_continuations: the target tokens that go on a word (a constraint followed by one is not met)."""
+    """The decode loop for `step`. alignment_head: (layer, head or None for the average) a capture keeps;
+    word_continuations: target tokens that go on a word (a constraint followed by one is not met)."""
     if getattr(step, "new_loop", None) is not None:
         loop = step.new_loop(alignment_head)
     elif (extension := compiled_extension()) is None:
@@ -39,8 +32,7 @@ def new_loop(step, alignment_head: tuple[int, int | None] | None = None, word_co
 
 
 def capture_code(every_head: bool, head_rows: bool) -> int:
-    """What a request's rows keep (model.runtime.CAPTURE): every head's maps (a client asked for the attention), else
-    the alignment head's rows (an alignment or a stream needs them), else nothing."""
+    """What a request's rows keep: every head's maps, else the alignment head's rows, else nothing."""
     return EVERY_HEAD if every_head else ONE_HEAD if head_rows else NOTHING
 
 
@@ -53,8 +45,7 @@ def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
 
 
 class StepLoop:
-    """The search over a step driven from Python (`decode_rows`: the eager step, or the graph step on its fixed
-    buffers). Not thread-safe: one thread drives it."""
+    """The search over a step's `decode_rows` (eager, or graph on fixed buffers), one copy to the host a step."""
 
     def __init__(self, step, extension, alignment_head: tuple[int, int | None] | None = None) -> None:
         self.decoder_step, model = step, step.model
@@ -87,9 +78,8 @@ class StepLoop:
         length_penalties: list[float], captures: list[int], streams: list[bool],
         constraints: list[list[list[int]]] | None = None,
     ) -> list[int]:
-        """Sources whose encoder pass is done (hidden (n, S, d_model), right-padded) join, each on one row until its
-        first step; per source as the search takes them (constraints: the token sequences each must contain).
-        Returns their ids."""
+        """Encoded sources (hidden (n, S, d_model), right-padded) join, each on one row until its first step; returns
+        their ids."""
         count, width = hidden.size(0), hidden.size(1)
         if any(not 1 <= length <= width for length in lengths) or len(lengths) != count:
             raise ValueError("a bad request")
@@ -102,8 +92,7 @@ class StepLoop:
 
     @torch.inference_mode()
     def step(self) -> tuple[list, list]:
-        """One token for every row: the streamed tokens of this step, and the requests that are done with their
-        hypotheses (best first)."""
+        """One token for every row: the streamed tokens, and the requests done with their hypotheses."""
         layout = self.search.plan()
         if not layout.unchanged:  # cancelled requests' rows leave
             self._keep(layout)

@@ -1,20 +1,8 @@
-"""The one scheduler: requests join and leave the running decode between steps.
+"""The one scheduler: requests join and leave the running decode between steps (iteration-level batching, as
+Orca and vLLM do), or, under the "static" policy, a batch joins only an empty loop.
 
-`Scheduler` keeps the queue and decides when waiting requests join, by its policy: "continuous" (iteration-level
-batching) admits them at the next step, "static" only when the loop is empty (a batch decodes to its end before the
-next joins: the static batching the benchmarks compare against). The rows decode on the decode loop
-(`new_loop`: the compiled loop, or the search driving the eager or graph
-step), the loop every search runs on. Each `step()` first admits waiting requests (their encoder pass runs and they
-join the loop), then the loop decodes one token for every row and advances each request's search on its own rows; a
-request that is done leaves at once and its rows are freed for the next step. A request with beam size k holds k
-rows (greedy: one).
-
-Exactness: each request's search is the one `beam_search` runs for it alone (both step through
-the one search, BeamSearch, with the same tie-breaking), and the rows of other requests only add masked
-positions to its attention (weight exactly 0), so its ids, scores and attention equal decoding it alone, up to
-float summation order.
-
-Orca (OSDI 2022) named the idea; vLLM and TensorRT-LLM's in-flight batching do it for decoders.
+A request's rows only add masked positions (weight exactly 0) to other requests' attention, so each decodes as it
+would alone, up to float summation order.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -37,8 +25,7 @@ from model.options import DecodingOptions
 from model.runtime import EagerStep
 from model.transformer import Transformer
 
-# on_token(request, token id, its log-probability, its cross-attention (layers, heads, S) or None):
-# called for each token as it settles (streaming; under beam search, the prefix every beam shares).
+# on_token(request, token id, log-probability, cross-attention (layers, heads, S) or None), as each token settles
 ADMISSION_WAIT_STEPS = 4  # the longest a waiting request is held back to join with others (see _admission_due)
 TokenCallback = Callable[["DecodeRequest", int, float, Tensor | None], None]
 Policy = Literal["continuous", "static"]
@@ -47,7 +34,7 @@ POLICIES = ("continuous", "static")
 
 @dataclass(eq=False)
 class DecodeRequest:
-    """One source being decoded: queued, then on the decode loop, `hypotheses` when done."""
+    """One source from submission to its hypotheses: the one record of it in the scheduler and its thread."""
 
     source_ids: list[int]
     options: DecodingOptions
@@ -63,6 +50,7 @@ class DecodeRequest:
     loop_id: int | None = None  # its id in the decode loop
     arrived: float = field(default_factory=time.monotonic)
     batch: Batch | None = None  # the requests it joined the loop with
+    future: Future | None = None  # SchedulerThread's, for its caller
 
     @property
     def beams(self) -> int:
@@ -73,17 +61,12 @@ class DecodeRequest:
         return self.hypotheses is not None or self.cancelled
 
 
-class _Submission(NamedTuple):
-    """A source handed to SchedulerThread, waiting in its inbox for the loop's thread."""
-
-    source_ids: list[int]
-    options: DecodingOptions | None
-    return_attention: bool
-    on_token: TokenCallback | None
-    alignment_rows: bool
-    future: Future
-    arrived: float
-    constraints: list[list[int]]
+def request_of(
+    source_ids: list[int], options: DecodingOptions | None, return_attention: bool, on_token: TokenCallback | None,
+    alignment_rows: bool, constraints: list[list[int]] | None,
+) -> DecodeRequest:
+    return DecodeRequest(list(source_ids), options or DecodingOptions(), return_attention, on_token,
+                         alignment_rows=alignment_rows, constraints=[list(c) for c in constraints or []])
 
 
 @dataclass(eq=False)
@@ -96,14 +79,10 @@ class Batch:
 
 
 class Scheduler:
-    """Batching over one model's decode loop: `submit`, then `step()` until the requests are done.
+    """Batching over one model's decode loop: `submit`, then `step()` until the requests are done. One thread.
 
-    Not thread-safe: one loop (one thread) calls `submit`, `cancel` and `step`.
-    max_rows bounds the rows in flight (a beam of k takes k rows) and max_texts the requests that join at once;
-    max_waiting bounds the queue behind them, beyond which `submit` raises DecoderBusyError. policy: "continuous"
-    admits waiting requests at the next step (see `_admission_due`), "static" only when the loop is empty.
-    on_joined(batch, waits) and on_done(batch): called as a batch joins (with each request's seconds in the queue)
-    and as its last request leaves, for the service's metrics.
+    max_rows bounds the rows in flight (a beam of k takes k), max_texts the requests joining at once, max_waiting
+    the queue. on_joined(batch, waits) and on_done(batch) feed the service's metrics.
     """
 
     def __init__(
@@ -127,19 +106,17 @@ class Scheduler:
         self.max_texts = max_texts if max_texts is not None else max_rows
         self.on_joined, self.on_done = on_joined, on_done
         self.model = model
-        self.decoder_step = step if step is not None else EagerStep(model)  # model.runtime's compiled or eager step
+        self.decoder_step = step if step is not None else EagerStep(model)
         self.config = model.config
         self.device = model.final_logits_bias.device
         self.max_rows = max_rows
         self.max_waiting = max_waiting
         self.alignment_head = alignment_head  # (layer, head or None for the average) for `alignment_rows`
-        # the compiled loop, or the search over the step; word_continuations: target tokens that go on a word
         self.loop = new_loop(self.decoder_step, alignment_head, word_continuations)
         self.running: list[DecodeRequest] = []  # on the loop, in the order they joined
         self._by_loop_id: dict[int, DecodeRequest] = {}
         self.waiting: deque[DecodeRequest] = deque()
 
-    # ---- the queue ---------------------------------------------------------------------
     def submit(
         self,
         source_ids: list[int],
@@ -147,23 +124,20 @@ class Scheduler:
         return_attention: bool = False,
         on_token: TokenCallback | None = None,
         alignment_rows: bool = False,
-        arrived: float | None = None,
         constraints: list[list[int]] | None = None,
     ) -> DecodeRequest:
-        """Queue one source (`arrived`: when it reached the service, for the queue-wait figures; default now;
-        constraints: token sequences every hypothesis must contain)."""
-        options = options or DecodingOptions()
-        if options.beam_size > self.max_rows:
-            raise ValueError(f"beam_size {options.beam_size} exceeds the scheduler's {self.max_rows} rows")
+        """Queue one source (constraints: token sequences every hypothesis must contain)."""
+        return self.enqueue(request_of(source_ids, options, return_attention, on_token, alignment_rows, constraints))
+
+    def enqueue(self, request: DecodeRequest) -> DecodeRequest:
+        """Queue a request made by `request_of`, checked against this scheduler."""
+        if request.beams > self.max_rows:
+            raise ValueError(f"beam_size {request.beams} exceeds the scheduler's {self.max_rows} rows")
         if len(self.waiting) >= self.max_waiting:
             raise DecoderBusyError(f"{len(self.waiting)} requests already wait for the decoder")
-        budget = length_budget(len(source_ids), options, self.config.max_position_embeddings)
-        if alignment_rows and self.alignment_head is None:
+        if request.alignment_rows and self.alignment_head is None:
             raise ValueError("alignment_rows needs the scheduler's alignment_head")
-        request = DecodeRequest(list(source_ids), options, return_attention, on_token, budget, alignment_rows,
-                                [list(c) for c in constraints or []])
-        if arrived is not None:
-            request.arrived = arrived
+        request.budget = length_budget(len(request.source_ids), request.options, self.config.max_position_embeddings)
         self.waiting.append(request)
         return request
 
@@ -187,12 +161,9 @@ class Scheduler:
         while not self.idle:
             self.step()
 
-    # ---- one iteration ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[DecodeRequest]:
-        """Admit waiting requests, decode one token for every row, advance every search; return those done. The
-        loop keeps the rows and every request's search; this hands on the streamed tokens and builds the finished
-        requests' hypotheses."""
+        """Admit waiting requests, decode one token for every row; return the requests done."""
         for request in self.running:
             if request.cancelled:
                 self.loop.cancel(request.loop_id)
@@ -225,8 +196,7 @@ class Scheduler:
             self.on_done(batch)
 
     def _join_the_loop(self, joining: list[DecodeRequest], hidden: Tensor, lengths: list[int]) -> None:
-        """Requests whose encoder pass is done join the decode loop, each capturing what it needs: every
-        head's maps (return_attention), or the alignment head's rows (alignment_rows, or a stream's tokens)."""
+        """Encoded requests join the loop, each keeping every head's maps, the alignment head's rows, or nothing."""
         has_head = self.alignment_head is not None
         captures = [
             capture_code(r.return_attention, has_head and (r.alignment_rows or r.on_token is not None))
@@ -247,11 +217,9 @@ class Scheduler:
             self.on_joined(batch, [batch.joined - request.arrived for request in joining])
 
     def _admission_due(self) -> bool:
-        """Whether waiting requests join at this step. Static: only into an empty loop. Continuous: an
-        encoder pass for one or two sources costs several times its share of one for many, so while the
-        batch is nearly full they join in groups: when a quarter of the rows are free, when all that wait
-        fit, or when the oldest has waited ADMISSION_WAIT_STEPS steps. With rows to spare a request joins
-        at the next step."""
+        """Static: only into an empty loop. Continuous: an encoder pass for one or two sources costs several times
+        its share of one for many, so near a full batch they join in groups (a quarter free, all fit, or the oldest
+        has waited ADMISSION_WAIT_STEPS steps)."""
         if not self.waiting:
             return False
         if self.policy == "static":
@@ -262,7 +230,7 @@ class Scheduler:
         return self.waiting[0].waited >= ADMISSION_WAIT_STEPS
 
     def _admit(self) -> None:
-        """Move waiting requests into the batch while their rows fit: one encoder pass for all of them."""
+        """Waiting requests join while their rows fit, with one encoder pass."""
         for request in self.waiting:
             request.waited += 1
         if not self._admission_due():
@@ -281,20 +249,12 @@ class Scheduler:
 
 
 class SchedulerThread:
-    """A `Scheduler` stepping in its own thread: submit from any thread, get a Future per source.
+    """A `Scheduler` stepping in its own thread: submit from any thread, a Future per source. `close()` fails
+    whatever is still queued or running.
 
-    The loop sleeps while there is nothing to decode and steps while anything runs or waits, so a
-    source submitted mid-decode joins at the next step (under the static policy, once the loop is
-    empty). `close()` stops it; sources still queued or running then fail with RuntimeError rather
-    than waiting forever.
-
-    gather_s (static): a batch about to join the empty loop with fewer than max_texts sources waits up
-    to this long, from its oldest source's arrival, for company, except right after a batch of one (that
-    source came and went alone: the load is light, and waiting would only add gather_s to each lone
-    request; once a batch holds several again the wait applies again).
-    finish(requests): run in the loop's thread on the requests one step finished, together; their
-    Futures then give its results (one per request) instead of their hypotheses. The Scheduler's other
-    arguments are passed on.
+    gather_s (static): a batch short of max_texts waits this long from its oldest arrival for company, except
+    right after a batch of one (light load). finish(requests): run in the loop's thread on each step's finished
+    requests; their Futures give its results.
     """
 
     def __init__(
@@ -321,9 +281,9 @@ class SchedulerThread:
         self._finish = finish
         self._on_joined = on_joined
         self._last_batch = 0  # sources in the batch that joined last (0: none yet)
-        self._inbox: deque[tuple[str, _Submission | Future]] = deque()  # ("submit", …) or ("cancel", its Future)
+        self._inbox: deque[tuple[str, DecodeRequest | Future]] = deque()  # ("submit", request), ("cancel", future)
         self._wake = threading.Condition()
-        self._futures: dict[int, tuple[DecodeRequest, Future]] = {}
+        self._running: dict[int, DecodeRequest] = {}  # by id(future)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
         self._thread.start()
@@ -340,16 +300,14 @@ class SchedulerThread:
         """Queue one source; the Future gives its hypotheses (best first), or `finish`'s result for it. Raises
         DecoderBusyError when full."""
         future: Future = Future()
+        request = request_of(source_ids, options, return_attention, on_token, alignment_rows, constraints)
+        request.future = future
         with self._wake:
             if self._closed:
                 raise RuntimeError("the decode loop is closed")
             if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
-            submission = _Submission(
-                list(source_ids), options, return_attention, on_token, alignment_rows, future, time.monotonic(),
-                [list(c) for c in constraints or []],
-            )
-            self._inbox.append(("submit", submission))
+            self._inbox.append(("submit", request))
             self._wake.notify()
         future.add_done_callback(self._given_up)
         return future
@@ -392,18 +350,12 @@ class SchedulerThread:
             self._wake.wait(remaining)
 
     def _live_arrivals(self) -> list[float]:
-        """When each source still wanted arrived, queued or in the inbox: one whose caller gave up no longer holds
-        a batch back (the wait restarts from the next oldest). Holds self._wake."""
+        """When each source still wanted arrived, queued or in the inbox: one whose caller gave up holds no batch
+        back. Holds self._wake."""
         dropped = {id(payload) for kind, payload in self._inbox if kind == "cancel"}
-        arrivals = [
-            request.arrived
-            for request in self.scheduler.waiting
-            if not request.cancelled and id(self._futures[id(request)][1]) not in dropped
-        ]
-        for kind, payload in self._inbox:
-            if kind == "submit" and not payload.future.cancelled() and id(payload.future) not in dropped:
-                arrivals.append(payload.arrived)
-        return arrivals
+        queued = [payload for kind, payload in self._inbox if kind == "submit"]
+        return [request.arrived for request in (*self.scheduler.waiting, *queued)
+                if not (request.cancelled or request.future.cancelled() or id(request.future) in dropped)]
 
     def _run(self) -> None:
         scheduler = self.scheduler
@@ -416,41 +368,33 @@ class SchedulerThread:
                     break
                 inbox, self._inbox = list(self._inbox), deque()
             for kind, payload in inbox:
-                if kind == "submit":
-                    future = payload.future
-                    if not future.set_running_or_notify_cancel():
-                        continue
+                if kind == "cancel":
+                    if (request := self._running.pop(id(payload), None)) is not None:
+                        scheduler.cancel(request)
+                elif payload.future.set_running_or_notify_cancel():
                     try:
-                        request = scheduler.submit(
-                            payload.source_ids, payload.options, payload.return_attention, payload.on_token,
-                            payload.alignment_rows, payload.arrived, payload.constraints,
-                        )
+                        scheduler.enqueue(payload)
                     except Exception as error:  # noqa: BLE001 - the caller's error, delivered to the caller
-                        future.set_exception(error)
+                        payload.future.set_exception(error)
                         continue
-                    self._futures[id(request)] = (request, future)
-                else:
-                    for key, (request, future) in list(self._futures.items()):
-                        if future is payload:
-                            scheduler.cancel(request)
-                            del self._futures[key]
+                    self._running[id(payload.future)] = payload
             try:
                 finished = scheduler.step()
             except Exception as error:  # noqa: BLE001 - fail every source in flight, keep the loop alive
-                for request, future in self._futures.values():
+                for request in self._running.values():
                     scheduler.cancel(request)
-                    future.set_exception(error)
-                self._futures.clear()
+                    request.future.set_exception(error)
+                self._running.clear()
                 scheduler.step()  # drops the cancelled rows
                 continue
             if finished:
                 self._deliver(finished)
-        for _, future in self._futures.values():
-            future.set_exception(RuntimeError("the decode loop closed before this source was decoded"))
+        for request in self._running.values():
+            request.future.set_exception(RuntimeError("the decode loop closed before this source was decoded"))
 
     def _deliver(self, finished: list[DecodeRequest]) -> None:
         """The Futures of the requests one step finished: their hypotheses, or `finish`'s results for them all."""
-        futures = [self._futures.pop(id(request))[1] for request in finished]
+        futures = [self._running.pop(id(request.future)).future for request in finished]
         results = [request.hypotheses for request in finished]
         if self._finish is not None:
             try:

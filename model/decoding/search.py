@@ -1,10 +1,5 @@
-"""Beam search (greedy is beam_size=1) for a static batch: every source joins the decode loop (model.decoding.loop)
-before the first step and leaves when done, and `Hypothesis` is what a finished source gives.
-
-Semantics follow transformers' `generate(num_beams=k, early_stopping=True, length_penalty=lp)`, with a hypothesis
-that reaches its length budget closed by a forced </s> (log-probability 0), as for Marian's forced_eos_token_id.
-Attention is captured in full only when asked; otherwise only the alignment head's rows, which alignments need.
-"""
+"""Beam search for a static batch (greedy is beam_size=1), as transformers' generate(num_beams=k,
+early_stopping=True), a hypothesis at its length budget closed by a forced </s> as Marian's forced_eos_token_id."""
 
 from __future__ import annotations
 
@@ -58,16 +53,9 @@ def beam_search(
     constraints: list[list[list[int]]] | None = None,
     word_continuations: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Decode every source (ids ending in eos) and return its best hypotheses, best first.
-
-    min_new_tokens bans eos before that many tokens (transformers' min_new_tokens); the length budget still
-    ends every hypothesis with eos. return_attention: each hypothesis carries every layer's and head's
-    cross-attention; alignment_head (layer, head or None): it carries that head's rows
-    (`alignment_attention`), all an alignment needs. step: what runs each decoding step (model.runtime.load_step's
-    compiled or eager step; None: the model's own, EagerStep). reference: on the reference search (the oracle).
-    constraints: per source, token sequences every hypothesis contains (lexically constrained search), as whole
-    words where word_continuations names the tokens that go on a word.
-    """
+    """Every source's best hypotheses, best first. return_attention: every head's maps; alignment_head (layer, head
+    or None): that head's rows only. step: None is EagerStep; reference: the oracle search. constraints: per source,
+    token sequences every hypothesis contains, as whole words past word_continuations."""
     options = options or DecodingOptions()
     config = model.config
     device = model.final_logits_bias.device
@@ -76,8 +64,7 @@ def beam_search(
     budgets = [length_budget(n, options, config.max_position_embeddings) for n in lengths]
 
     step = step if step is not None else EagerStep(model)
-    hidden = encoded(step, source_ids, config.pad_token_id, device)  # the encoder once for the whole batch
-    # every source joins the loop now and leaves when done
+    hidden = encoded(step, source_ids, config.pad_token_id, device)
     what = capture_code(return_attention, alignment_head is not None)
     loop = ReferenceLoop(step, alignment_head) if reference else new_loop(step, alignment_head, word_continuations)
     ids = loop.join(
@@ -92,7 +79,7 @@ def beam_search(
 
 
 def encoded(step, source_ids: list[list[int]], pad: int, device: torch.device) -> Tensor:
-    """The encoder's hidden states (B, S, d_model) of sources right-padded to the longest, by `step`, in one pass."""
+    """The encoder's hidden states (B, S, d_model) of the sources right-padded, in one pass."""
     lengths = [len(ids) for ids in source_ids]
     width = max(lengths)
     padded = torch.full((len(source_ids), width), pad, dtype=torch.long)
@@ -103,9 +90,8 @@ def encoded(step, source_ids: list[list[int]], pad: int, device: torch.device) -
 
 
 def loop_hypotheses(found: list, n_best: int, full: bool) -> list[Hypothesis]:
-    """Hypotheses from what the decode loop gives a finished request ((tokens, log-probabilities, normalised score,
-    attention, tokens a constraint set) per finished slot, best first): the first n_best; attention (T, L, h, S)
-    every head's (`full`) → cross_attention (L, h, T, S), or one head's rows (T, S) → alignment_attention."""
+    """The first n_best of what the loop gives a finished request, as Hypotheses (attention (T, L, h, S) when `full`,
+    else one head's rows (T, S))."""
     hypotheses = []
     for tokens, logprobs, normalized, attention, forced in found[:n_best]:
         cross_attention = alignment_attention = None

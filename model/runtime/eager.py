@@ -1,8 +1,5 @@
-"""The lecture model's own decoding step: one new position per row over a KV cache, through model.transformer's
-layers (inference: no dropout). It is the reference the compiled runtime (csrc/) is tested against and the step
-EagerStep runs where the runtime cannot be built; the lecture network itself (model.transformer) knows only
-whole sequences.
-"""
+"""The lecture model's decoding step, one new position per row over a KV cache: the reference the compiled runtime
+is tested against, and the step where it cannot be built."""
 
 from __future__ import annotations
 
@@ -20,24 +17,20 @@ RESCORED_CANDIDATES = 16
 
 
 def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    """The module's layer norm without the module call's hooks (a step calls it 3 times per layer)."""
+    """The module's layer norm without the module call's overhead (3 per layer and step)."""
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """A bool mask (True = attend) as a float mask to add to the scores; None when nothing is masked.
-
-    Adding 0 leaves an allowed score exactly as it was and the dtype's lowest value gives a
-    masked position weight 0, so the weights equal model.transformer's `attention` (masked_fill).
-    """
+    """A bool mask (True = attend) as an additive one (0, or the dtype's lowest: weight exactly 0); None when
+    nothing is masked."""
     if bool(mask.all()):
         return None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 class CastLinear(nn.Linear):
-    """nn.Linear (same parameters, same names) whose weights are stored in a lower precision than the activations
-    (`cast_weights`): the matmul runs in the weights' dtype, the result comes back in x's."""
+    """nn.Linear whose weights are in a lower precision than the activations: it runs in theirs, returns x's."""
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == self.weight.dtype:
@@ -46,10 +39,8 @@ class CastLinear(nn.Linear):
 
 
 def cast_weights(model: Transformer, dtype: torch.dtype) -> Transformer:
-    """Store the model's matrices (linear layers, embeddings) in `dtype`, e.g. bf16 on a CPU: layer norms, positions
-    and final_logits_bias stay fp32, and so do the activations, each matmul running in the weights' dtype and handing
-    back fp32 (`CastLinear`). Half the memory traffic and the CPU's bf16 dot-product instructions, with one rounding
-    per matmul instead of one per operation. The output projection goes through `logits`. In place; returns model."""
+    """The model's matrices in `dtype` (bf16 on a CPU: half the memory traffic), norms, positions and activations
+    fp32, one rounding per matmul. In place; returns model."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
@@ -64,13 +55,8 @@ def cast_weights(model: Transformer, dtype: torch.dtype) -> Transformer:
 
 
 def logits(model: Transformer, hidden: Tensor) -> Tensor:
-    """The model's output projection + final_logits_bias for a step's hidden states.
-
-    With weights in a lower precision than the activations (`cast_weights`) the projection over the whole vocabulary
-    runs in their dtype, then each row's RESCORED_CANDIDATES best logits are recomputed from the fp32 hidden state:
-    rounding 30k-wide logits to bf16 (3 significant digits) would otherwise decide the near-ties between the best
-    tokens.
-    """
+    """The output projection + final_logits_bias. Under `cast_weights` each row's RESCORED_CANDIDATES best are
+    recomputed in fp32: bf16's 3 digits would otherwise decide the near-ties between the best tokens."""
     weight = model.output_weight
     if weight.dtype == hidden.dtype:
         return model.logits(hidden)
@@ -82,9 +68,8 @@ def logits(model: Transformer, hidden: Tensor) -> Tensor:
 
 
 def encode(model: Transformer, source_ids: Tensor, source_mask: Tensor) -> Tensor:
-    """The encoder's hidden states (B, S, d_model) of source_ids (B, S) under source_mask (B, S) bool: the lecture's
-    EncoderLayer arithmetic (inference: no dropout) with each attention in torch's fused kernel
-    (scaled_dot_product_attention), which keeps no weights and is faster than the lecture's three steps."""
+    """The encoder's hidden states (B, S, d_model): the lecture's arithmetic, its attention in torch's fused kernel
+    (it keeps no weights, and is faster)."""
     x = model.add_positions(model.token_embeddings(model.encoder_embed_tokens, source_ids))
     allowed = source_mask[:, None, None, :]  # (B, 1, 1, S)
     for layer in model.encoder_layers:
@@ -102,13 +87,8 @@ def encode(model: Transformer, source_ids: Tensor, source_mask: Tensor) -> Tenso
 def attend_one(
     attention: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, need_weights: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """model.transformer's `attention` for one query position per row (a decoding step), as three batched matmuls.
-
-    query (N, h, 1, d_k) or (N, 1, h·d_k); key/value (N, h, t, d_k) whose first two dimensions
-    merge into one (a slice of the cache); mask an additive (N, 1, 1, t) or None. The same
-    kernels and the same arithmetic as `attention` on 4-D tensors, without the expand/reshape
-    round trips, then the attention's `out_proj`. Returns (N, 1, d_model) and the weights (N, h, 1, t).
-    """
+    """model.transformer's `attention` for one query per row, then `out_proj`: (N, 1, d_model), weights (N, h, 1, t).
+    query (N, h, 1, d_k) or (N, 1, h·d_k); key/value (N, h, t, d_k); mask additive (N, 1, 1, t) or None."""
     context, weights = context_one(query, key, value, mask, need_weights)
     return attention.out_proj(context.view(context.size(0), 1, -1)), weights
 
@@ -129,12 +109,7 @@ def context_one(
 
 @dataclass
 class DecoderCache:
-    """Per-layer K/V for incremental decoding.
-
-    Self-attention K/V live in preallocated buffers (rows, h, capacity, d_k) written in
-    place one step at a time; cross-attention K/V are computed once per source. A forced
-    pass runs on it: every row steps at the same position, and no row moves.
-    """
+    """Per-layer K/V of a forced pass: every row at the same position, none moving."""
 
     self_key: list[Tensor]
     self_value: list[Tensor]
@@ -161,16 +136,11 @@ class DecoderCache:
 def layer_step(
     layer: DecoderLayer, x: Tensor, cache: DecoderCache, index: int, need_weights: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """One new position x (N, 1, d_model): append its K/V to the cache, attend over all positions so far.
-
-    The same operations as DecoderLayer.forward (inference: no dropout). model/runtime runs this step compiled and is
-    tested against it.
-    """
+    """DecoderLayer.forward for one new position x (N, 1, d_model) over the cache."""
     own = layer.self_attn
     query = own.split_heads(own.q_proj(x))  # (N, h, 1, d_k)
     key, value = own.project_key_value(x)  # (N, h, 1, d_k) each
     self_key, self_value = cache.append(index, key, value)  # (N, h, t, d_k)
-    # cache.self_mask: None when every row is at the same position (model.runtime.rows.RaggedCache sets it)
     attended, _ = attend_one(own, query, self_key, self_value, cache.self_mask, False)
     x = layer_norm(layer.self_attn_layer_norm, x + attended)
     cross = layer.encoder_attn
@@ -184,9 +154,8 @@ def layer_step(
 
 
 def cross_key_values(model: Transformer, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
-    """Every decoder layer's cross-attention K and V of the sources' encoder output `hidden` (B, S, d_model),
-    each (rows, h, S, d_k) and contiguous for the per-step matmuls: projected once per source and copied to
-    its `beams` rows (beam search's k: an int, or one count per source)."""
+    """Every decoder layer's cross-attention K and V (rows, h, S, d_k) of `hidden` (B, S, d_model), each source's
+    on its `beams` rows (an int, or one per source)."""
     keys, values = [], []
     for layer in model.decoder_layers:
         key, value = layer.encoder_attn.project_key_value(hidden)
@@ -199,11 +168,7 @@ def start_cache(
     model: Transformer, encoder: EncoderOutput, capacity: int, beams: int = 1,
     cross: tuple[list[Tensor], list[Tensor]] | None = None,
 ) -> DecoderCache:
-    """Compute cross-attention K/V once and allocate self-attention buffers for `capacity` steps.
-
-    beams: rows per source (beam search's k): see `cross_key_values`. cross: the K/V already projected (by the
-    compiled step's kernels), each source's on its `beams` rows.
-    """
+    """A forced pass's cache for `capacity` steps; cross: the K/V already projected, else projected here."""
     batch = encoder.hidden.size(0) * beams
     self_key, self_value = [], []
     for layer in model.decoder_layers:
@@ -218,8 +183,7 @@ def start_cache(
 
 
 def check_room(model: Transformer, step: int, capacity: int) -> None:
-    """Raise ValueError when decoding step `step` does not fit a cache of `capacity` steps or the model's positions
-    (every step's decode_step asks this first)."""
+    """ValueError when step `step` does not fit the cache or the model's positions."""
     if step >= capacity:
         raise ValueError(f"decoder cache holds {capacity} steps; step {step} does not fit")
     if step >= model.positions.size(0):
@@ -229,11 +193,7 @@ def check_room(model: Transformer, step: int, capacity: int) -> None:
 def decode_step(
     model: Transformer, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
 ) -> tuple[Tensor, list[Tensor] | None]:
-    """One decoding step: last_ids (N,) → logits (N, V) and cross-attention per layer (N, h, S).
-
-    The output projection runs for the new position only; N may be below the cache's
-    row count (the search dropped finished rows).
-    """
+    """One forced step: last_ids (N,) → logits (N, V) and cross-attention per layer (N, h, S)."""
     step = cache.length
     check_room(model, step, cache.capacity)
     x = model.embed(model.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
@@ -245,9 +205,7 @@ def decode_step(
 def step_layers(
     model: Transformer, x: Tensor, cache: DecoderCache, need_weights: bool
 ) -> tuple[Tensor, list[Tensor] | None]:
-    """Every decoder layer's `layer_step` on one new position per row x (N, 1, d_model): the last hidden state and,
-    when asked, each layer's cross-attention (N, h, S).
-    `decode_step` and the decode loop's ragged step (model.runtime's EagerStep.decode_rows) both run it."""
+    """Every decoder layer's `layer_step`: the last hidden state and, when asked, each layer's cross-attention."""
     cross_attention = [] if need_weights else None
     for i, layer in enumerate(model.decoder_layers):
         x, weights = layer_step(layer, x, cache, i, need_weights)

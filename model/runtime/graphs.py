@@ -1,14 +1,5 @@
-"""The lecture model's decoder step at static shapes, replayed as CUDA graphs on a GPU.
-
-A small model's step on a GPU is bound by kernel launches, not arithmetic: three decoder layers are about a hundred
-small kernels, each a few microseconds of Python and driver work. `GraphStep` runs the same step (model/runtime/
-eager.py's `step_layers`, the reference) for the decode loop's rows (StepLoop) over buffers whose
-shapes do not change while rows join and leave (`StaticRows`): rows, decode capacity and source length rounded up to
-buckets, each row's self-attention K/V written in place at its own position held on the device, every row attending
-over the whole capacity with the positions it has not reached masked. Shapes fixed, the whole step (row moves
-included) is captured once per row bucket as a `torch.cuda.CUDAGraph` and replayed with one launch. Off a GPU, or
-where capture fails, the same static step runs eagerly: that is how the CPU tests it.
-"""
+"""The lecture model's decoder step at static shapes, replayed as CUDA graphs on a GPU, where a small model's step is
+bound by its hundred kernel launches. Off a GPU, or where capture fails, the same static step runs eagerly."""
 
 from __future__ import annotations
 
@@ -26,16 +17,14 @@ logger = logging.getLogger("model.runtime")
 
 @dataclass(frozen=True)
 class Variant:
-    """What one replay does besides the step: move the rows' self-attention K/V first (`gather`: "none" or "self",
-    as `StaticRows.keep` left them), and keep the cross-attention weights (`weights`)."""
+    """What one replay does besides the step: move self-attention K/V first (gather "self"), keep the weights."""
 
     gather: str
     weights: bool
 
 
 class GraphSteps:
-    """The graphs of one model's static rows step: captured on first use per row bucket and variant (on a GPU;
-    `capture=False` or a failed capture runs the static step eagerly, as on a CPU)."""
+    """One model's static step graphs, captured on first use per row bucket and variant."""
 
     def __init__(self, model: Transformer, capture: bool) -> None:
         self.model = model
@@ -45,8 +34,7 @@ class GraphSteps:
         self.failure: str | None = None
 
     def run_rows(self, cache: StaticRows, weights: bool) -> None:
-        """One step for the decode loop's rows: the replay of their row bucket's graph (captured now if
-        this bucket and variant have none on this storage yet)."""
+        """One step: the replay of the rows' bucket's graph, captured now if it has none."""
         rows = bucket(cache.rows, ROW_BUCKETS)
         variant = Variant(cache.pending, weights)
         cache.pending = "none"
@@ -64,10 +52,8 @@ class GraphSteps:
         graph.replay()
 
     def _captured(self, step, shape: Shape) -> torch.cuda.CUDAGraph | None:
-        """`step` (a static step on buffers of `shape`) captured as a graph without running it (the buffers'
-        state is the loop's and must not move). The first capture warms the libraries up on scratch rows of
-        that shape, so that nothing initialises inside a capture. None, with the reason logged once, when capture
-        fails; every later step then runs eagerly."""
+        """`step` captured without running it (the buffers are the loop's), the libraries warmed first on scratch
+        rows; None when capture fails, and every later step runs eagerly."""
         try:
             if self.captured == 0:
                 scratch = StaticRows(self.model)
@@ -94,14 +80,8 @@ class GraphSteps:
 
 
 class StaticRows(DecoderRows):
-    """The decode loop's rows on fixed buffers, for the graph step (DecoderRows' contract): every buffer at a
-    bucketed shape, each row's position held on the device, and the moves of self-attention K/V done inside the
-    next step. A step runs over the first `bucket(rows)` rows at the storage's full capacity and source width
-    (positions a row has not reached and source padding masked), so its shapes change only when the rows cross a
-    bucket: one CUDA graph per row bucket and variant, replayed at every step. Storage grows (and its graphs are
-    dropped) only when a request's rows, source or budget outgrow it. Rows past `rows` are padding: they decode
-    finite numbers nobody reads.
-    """
+    """The graph step's storage: bucketed buffers, positions on the device, self-attention K/V moved inside the next
+    step, so shapes change only when rows cross a bucket. Padding rows decode finite numbers nobody reads."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__(model, model.positions.dtype)
@@ -119,12 +99,11 @@ class StaticRows(DecoderRows):
     positions = property(lambda self: self._positions)  # each row's next position
 
     def clear(self) -> None:
-        """No rows (storage and graphs are kept)."""
         super().clear()
         self.pending = "none"
 
     def _allocate(self, shape: Shape) -> None:
-        if self._rows and self.pending == "self":  # the moves `keep` left for the next step, done on the old storage
+        if self._rows and self.pending == "self":  # moves `keep` left for the next step, done on the old storage
             for buffer in (*self._self_key, *self._self_value):
                 buffer[: self._rows] = buffer.index_select(0, self.parents[: self._rows])
             self.pending = "none"
@@ -141,7 +120,6 @@ class StaticRows(DecoderRows):
         self.graphs = {}
 
     def _keep_self(self, index: Tensor) -> None:
-        """Self-attention K/V move inside the next step, from the rows `parents` names."""
         self.parents[: index.numel()].copy_(index)
         self.pending = "self"
 
@@ -158,8 +136,7 @@ class StaticRows(DecoderRows):
 
 
 class _RowsView:
-    """The first `rows` rows of a StaticRows, as eager.step_layers reads a cache (cross K/V, source mask, self mask,
-    and `append` writing each row's K/V at its own position)."""
+    """The first `rows` rows of a StaticRows, as eager.step_layers reads a cache."""
 
     def __init__(self, cache: StaticRows, rows: int) -> None:
         self.cache, self.count = cache, rows
@@ -181,10 +158,8 @@ class _RowsView:
 
 
 def rows_step(model: Transformer, cache: StaticRows, rows: int, variant: Variant) -> None:
-    """One decoder step for the first `rows` rows of `cache` (a row bucket), each at its own position, into
-    `cache.logits` (and `cache.weights`): the self-attention K/V moves `keep` asked for, the embedding of `cache.ids`
-    at each row's position, every decoder layer (eager.step_layers, the reference), the output projection; then
-    every position advances (padding rows stop at the last). No host reads: a CUDA graph can hold it."""
+    """One step of a row bucket into `cache.logits` (and `weights`), the pending moves first; no host reads, so a
+    CUDA graph can hold it."""
     if variant.gather != "none":
         spare = cache.spare_self[:rows]
         for buffer in (*cache.self_key, *cache.self_value):

@@ -1,12 +1,6 @@
-"""The decode loop's decoder K/V: one contract (`join`, `keep`, `clear`, `rows`), one rule for moves and one for
-growth, over two storages. `RaggedCache` (here) serves the eager step: buffers cut to the rows in use and their
-longest source. `graphs.StaticRows` serves the graph step: the same buffers read at bucketed shapes, so that a
-CUDA graph replays over them.
-
-Rows of different requests sit at different positions over sources of different lengths. Per row: its cross
-K/V and additive source mask (the dtype's lowest where padding), its next position, its source length. Masked
-positions always hold finite numbers (zeros, or K/V a row left behind), so their weight is exactly 0.
-"""
+"""The decode loop's decoder K/V: one contract (`join`, `keep`, `clear`, `rows`) and one rule for moves and growth,
+over two storages, RaggedCache (the eager step) and graphs.StaticRows (the graph step). Masked positions hold finite
+numbers, so their weight is exactly 0."""
 
 from __future__ import annotations
 
@@ -48,10 +42,8 @@ class Shape:
 
 
 class DecoderRows:
-    """The shared half of both storages: allocation at bucketed shapes (growing only when a request outgrows
-    them, keeping what the rows in use hold), rows joining at position 0, and each row's source state (cross K/V,
-    source mask, position, length) moving when rows leave. A storage says how self-attention K/V move
-    (`_keep_self`) and what it derives after a change (`_changed`)."""
+    """Both storages' half: bucketed allocation that grows keeping the rows in use, joins, and the source state's
+    moves. A storage says how self-attention K/V move (`_keep_self`) and what follows a change (`_changed`)."""
 
     def __init__(self, model: Transformer, dtype: torch.dtype | None) -> None:
         self.model = model
@@ -110,8 +102,8 @@ class DecoderRows:
         self, cross_keys: list[Tensor], cross_values: list[Tensor], source_mask: Tensor, capacity: int,
         lengths: list[int], reserve: int = 0,
     ) -> None:
-        """Add rows (their cross K/V per layer (n, h, S', d_k), bool mask (n, S'), source lengths) at position 0,
-        with room for `reserve` rows in all (the beams they will grow into)."""
+        """Rows join at position 0 (cross K/V per layer (n, h, S', d_k), bool mask (n, S')), with room for `reserve`
+        rows in all."""
         added, _, source, _ = cross_keys[0].shape
         if self.dtype is None:
             self.dtype = cross_keys[0].dtype
@@ -132,8 +124,7 @@ class DecoderRows:
         self._changed()
 
     def keep(self, index: Tensor, same_sources: bool = False) -> None:
-        """Row r becomes old row index[r] (beams reordered, a request's first row made its k, finished requests'
-        rows gone). same_sources: every row continues a row of its own request, so only self-attention K/V move."""
+        """Row r becomes old row index[r]; same_sources: only self-attention K/V move."""
         count = index.numel()
         if count == 0:
             self.clear()
@@ -159,9 +150,7 @@ class DecoderRows:
 
 
 class RaggedCache(DecoderRows):
-    """The eager step's storage: what a step reads is cut to the rows in use and their longest source (`cross_key`,
-    `cross_value`, `source_mask`, `positions`); `prepare` masks the positions each row has not reached, `append`
-    writes each row's K/V at its own position, `advance` moves every row on."""
+    """The eager step's storage, cut to the rows in use and their longest source."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__(model, None)
@@ -183,7 +172,7 @@ class RaggedCache(DecoderRows):
             self.width = 0  # positions written by the furthest row + 1, after `prepare`
 
     def _keep_self(self, index: Tensor) -> None:
-        """Self-attention K/V gathered now, through a second set of buffers swapped in (nothing allocated)."""
+        """Self-attention K/V gathered now into spare buffers swapped in."""
         rows, written = index.numel(), self.width
         if self._spare is None:  # zeros: a position no row has written must hold finite numbers
             self._spare = tuple([torch.zeros_like(b) for b in side] for side in (self._self_key, self._self_value))
@@ -193,11 +182,7 @@ class RaggedCache(DecoderRows):
                 buffers[i], spares[i] = spares[i], buffer
 
     def prepare(self) -> None:
-        """Before a step: the self-attention mask for positions 0..max(positions), and where `append` writes.
-
-        When every row is at the same position (one request alone, or requests that joined together) nothing
-        is hidden: no mask, and `append` writes one slice, as a cache of one position does (the same values
-        as the masked, indexed path: adding a mask of zeros changes no score)."""
+        """Before a step: the self-attention mask, none when every row is at one position."""
         low, high = torch.stack(torch.aminmax(self.positions)).tolist()  # one read of the device
         self.width = high + 1
         if low == high:
@@ -208,7 +193,6 @@ class RaggedCache(DecoderRows):
         self.self_mask = mask.masked_fill_(~reached, torch.finfo(mask.dtype).min)[:, None, None, :]
 
     def advance(self) -> None:
-        """After a step: every row moves one position on."""
         self._positions[: self._rows] += 1
 
     def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,9 +1,6 @@
-"""The decoding steps: the compiled step (the extension `model.runtime.extension` builds and loads) with its kernels
-chosen on the running machine, the eager step it falls back to, and on a GPU the eager step's CUDA graphs. The
-compiled step's `new_loop` is the decode loop every search runs on it (CompiledLoop: requests join and leave
-between steps; a static batch joins at once); the eager and graph steps expose `decode_rows` (one step for the decode
-loop's ragged rows), which StepLoop drives with the same search. Every step also has
-`start_cache`/`decode_step` (one source, one position at a time), which `forced_pass` runs for explanations."""
+"""The decoding steps: the compiled step with its kernels chosen on this machine (its own decode loop), the eager
+step it falls back to and, on a GPU, the eager step's CUDA graphs (both under StepLoop's `decode_rows`). Every step
+also runs `forced_pass`, one position at a time, for explanations."""
 
 from __future__ import annotations
 
@@ -52,11 +49,10 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step (model.transformer): the reference, and the fallback. The search drives its
-    `decode_rows` from Python (it has no compiled decode loop)."""
+    """The lecture model's own step: the reference, and the fallback."""
 
-    new_loop = None  # no compiled decode loop: model.decoding.loop.StepLoop drives decode_rows
-    rows_cache = None  # the loop keeps its rows in its own ragged cache (model.runtime.rows.RaggedCache)
+    new_loop = None  # no compiled decode loop: StepLoop drives decode_rows
+    rows_cache = None  # StepLoop keeps its rows in a RaggedCache
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -69,8 +65,6 @@ class EagerStep:
         return eager.cross_key_values(self.model, hidden, beams)
 
     def start_cache(self, encoder, capacity: int, beams: int = 1):
-        """The cache `decode_step` runs on (a forced pass): the sources' cross-attention K/V on their `beams` rows,
-        room for `capacity` steps (eager.start_cache)."""
         return eager.start_cache(self.model, encoder, capacity, beams)
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
@@ -78,23 +72,19 @@ class EagerStep:
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """One decoder step for every row of the decode loop's ragged cache (model.runtime.rows.RaggedCache) at its
-        own position: logits (N, V), cross-attention per layer (N, h, S)."""
+        """One step for every row of a RaggedCache at its own position: logits (N, V), cross-attention per layer."""
         model = self.model
         cache.prepare()
         embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
         x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
-        x, cross_attention = eager.step_layers(model, x, cache, need_weights)  # the static step, on ragged rows
+        x, cross_attention = eager.step_layers(model, x, cache, need_weights)
         cache.advance()
         return eager.logits(model, x[:, 0]), cross_attention
 
 
 class GraphStep(EagerStep):
-    """The eager step at static shapes (model.runtime.graphs): the decode loop's rows live on fixed buffers
-    (`rows_cache`, graphs.StaticRows) and each `decode_rows` is one CUDA graph replay of its row bucket's step on a
-    GPU (`capture`; None: when the model is on one), or the same static step run eagerly (a CPU, or where capture
-    failed), so rows join and leave between steps at the graph's speed. The ids equal EagerStep's. A forced pass
-    runs on EagerStep's cache."""
+    """The eager step on fixed buffers (graphs.StaticRows): one CUDA graph replay per step on a GPU (`capture`),
+    else the same static step run eagerly. The ids equal EagerStep's."""
 
     def __init__(self, model, capture: bool | None = None, reason: str = "", precision: str | None = None) -> None:
         on_gpu = model.final_logits_bias.device.type == "cuda"
@@ -106,13 +96,11 @@ class GraphStep(EagerStep):
         self.graphs = graphs.GraphSteps(model, capture)
 
     def rows_cache(self) -> graphs.StaticRows:
-        """The decode loop's rows on fixed buffers (in place of its RaggedCache)."""
         return graphs.StaticRows(self.model)
 
     @torch.inference_mode()
     def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`EagerStep.decode_rows` on the loop's static rows: logits (N, V) and cross-attention per layer
-        (N, h, S at the storage's source width, padding weighted 0), both valid until the next step."""
+        """`EagerStep.decode_rows` on static rows; the outputs are valid until the next step."""
         if not isinstance(cache, graphs.StaticRows):
             return super().decode_rows(last_ids, cache, need_weights)
         count = cache.rows
@@ -132,11 +120,8 @@ class ForcedPass:
 
 @torch.inference_mode()
 def forced_pass(step, source_ids: list[int], target_ids: list[int]) -> ForcedPass:
-    """`target_ids` (eos included) teacher-forced after `source_ids` through `step` itself: its encoder, its cache
-    and its decoder step, one position at a time, with its kernels and its precision. So the maps are the numbers
-    a search on `step` computed for those tokens (every kernel is row-invariant: a text's numbers do not depend on
-    the batch it decoded in). One exception: a token the search forced because the length budget ran out has
-    log-probability 0 there, its model log-probability here."""
+    """`target_ids` (eos included) teacher-forced through `step` itself, so the maps are the numbers its search
+    computed (every kernel is row-invariant). A token forced at the budget has its model log-probability here."""
     model = step.model
     device = model.final_logits_bias.device
     source = torch.tensor([list(source_ids)], device=device)
@@ -160,16 +145,14 @@ def weights_precision(model) -> str:
 
 
 class CompiledStep:
-    """Every decoder layer and the output projection in one C++ call per step, on copies of the model's weights
-    taken now (fp32, plus per-channel int8 for `precision="int8"`), each matmul on the kernel measured fastest
-    here for few rows and for many."""
+    """Every layer in one C++ call per step, on copies of the weights (fp32, plus per-channel int8), each matmul on
+    the kernel measured fastest here for few rows and for many."""
 
     def __init__(self, model, extension, precision: str = "float32", choose: bool = True) -> None:
         if precision not in ("float32", "int8"):
             raise ValueError("the compiled step runs float32 or int8")
         self.model, self.extension, self.precision, self._choose = model, extension, precision, choose
-        # where each parameter sits, listed once: reading the slots per decode costs microseconds, walking the
-        # module tree (model.parameters()) about a millisecond, a tenth of a short text's decode
+        # listed once: walking the module tree per decode costs about a millisecond
         self._slots = [(module._parameters, name) for module in model.modules() for name in module._parameters]
         self._stamp = self._weights_stamp()
         config = model.config
@@ -188,8 +171,7 @@ class CompiledStep:
         for layer in spec.encoder:
             weights, biases = zip(*(weight_spec.read_matmul(tensors, m) for m in layer.matmuls), strict=True)
             weights, biases = list(weights), list(biases)
-            # int8 candidates for the encoder's feed-forward only, its fc1 only where activations keep all 8 bits
-            # (VNNI): more of the encoder in int8 passes the fidelity bound (decisions: "int8: quantized at load")
+            # int8 for the encoder's feed-forward only, fc1 only with 8-bit activations: fidelity (decisions.md)
             fc1 = _prepack(extension, weights[2]) if int8 and not reduce else None
             packed = [None, None, fc1, _prepack(extension, weights[3])] if int8 else []
             self._runtime.add_encoder_layer(weights, biases, weight_spec.read_norms(tensors, layer), packed, reduce)
@@ -216,8 +198,8 @@ class CompiledStep:
             self.force("linear")
 
     def choose(self, precision: str, without: tuple[str, ...] = ()) -> None:
-        """Time each matmul's candidate kernels on the real weights and keep the fastest (RuntimeInfo says which);
-        `without`: kernels (names of KERNELS) left out of the candidates (benchmarks: what one kernel gains)."""
+        """Time each matmul's candidate kernels on the real weights and keep the fastest; `without`: kernels left
+        out (benchmarks)."""
         codes = {name: code for code, name in KERNELS.items()}
         names = ["linear", "transposed", "onednn"]
         if precision == "int8":
@@ -235,17 +217,14 @@ class CompiledStep:
         )
 
     def force(self, kernel: str) -> None:
-        """Every matmul on one kernel (a name of KERNELS; a QUANTIZED one only where the weight has an int8 copy
-        and, for "tiles", a CPU with AVX2 or VNNI)."""
+        """Every matmul on one kernel (a name of KERNELS), where it has one."""
         code = {name: code for code, name in KERNELS.items()}[kernel]
         self._runtime.force(code)
         self.info.kernels = dict(zip(self.names, self._runtime.kernels(), strict=True))
         self.info.reason = f"every matmul on {kernel} (forced)"
 
     def _weights_stamp(self) -> int:
-        """Which tensor each parameter slot holds, where it lives and how often it was changed in place, as one
-        number (the extension's weights_stamp): equal stamps, equal weights (a parameter replaced, moved or updated
-        in place changes it)."""
+        """One number that changes when a parameter is replaced, moved or updated in place."""
         return self.extension.weights_stamp([parameters.get(name) for parameters, name in self._slots])
 
     def refresh(self) -> None:
@@ -255,13 +234,11 @@ class CompiledStep:
             self.__init__(self.model, self.extension, self.precision, self._choose)
 
     def encode(self, source_ids: Tensor, source_mask: Tensor) -> Tensor:
-        """The encoder on the compiled step's kernels: hidden states (B, S, d_model) of right-padded ids. Every
-        decode starts here, so this is where weights changed in place since are copied again (`refresh`)."""
+        """The encoder's hidden states (B, S, d_model); every decode starts here, so weights are refreshed here."""
         self.refresh()
         return self._runtime.encode(source_ids, source_mask)
 
     def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
-        """`Transformer.cross_key_values` on the compiled step's kernels: each source's K/V on its `beams` rows."""
         if isinstance(beams, int):
             beams = torch.full((hidden.size(0),), beams, dtype=torch.long, device=hidden.device)
         return self._runtime.cross_key_values(hidden.contiguous(), beams)
@@ -271,12 +248,9 @@ class CompiledStep:
         return self._runtime.logits(hidden.detach().float().contiguous())
 
     def start_cache(self, encoder, capacity: int, beams: int = 1):
-        """The cache `decode_step` runs on (eager.start_cache's), its cross-attention K/V projected by this step's
-        kernels, as the decode loop's are."""
         return eager.start_cache(self.model, encoder, capacity, beams, self.cross_key_values(encoder.hidden, beams))
 
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`Transformer.decode_step` on the compiled step: logits (N, V), cross-attention per layer (N, h, S)."""
         step = cache.length
         eager.check_room(self.model, step, cache.capacity)
         logits, cross = self._runtime.step_at(
@@ -287,8 +261,7 @@ class CompiledStep:
         return logits, (cross if need_weights else None)
 
     def new_loop(self, alignment_head: tuple[int, int | None] | None = None):
-        """The compiled decode loop on this step (the search over its layers, rows in its own storage);
-        alignment_head (layer, head or None for the layer's average): the rows a request capturing one head keeps."""
+        """The compiled decode loop; alignment_head: (layer, head or None for the average) a capture keeps."""
         self.refresh()
         config = self.model.config
         layer, head = alignment_head if alignment_head is not None else (0, 0)
@@ -299,8 +272,7 @@ class CompiledStep:
 
 
 def reduce_range(extension) -> bool:
-    """Whether int8 activations keep 7 bits, not 8: where the CPU has no AVX-512 VNNI, u8·s8 pairs summed in
-    fbgemm's int16 intermediates could saturate with 8 (the compiled step's probe, the one CPU feature check)."""
+    """Whether int8 activations keep 7 bits: without VNNI, fbgemm's int16 pair sums could saturate with 8."""
     return not extension.has_vnni()
 
 
@@ -330,13 +302,11 @@ def _prepack(extension, weight: Tensor):
 
 
 def load_step(model, precision: str = "float32"):
-    """What decodes `model`: the compiled step when it builds and suits (CPU, float32 or int8 weights, inference),
-    else the eager step, with RuntimeInfo saying which and why. TRANSLATE_RUNTIME=eager forces the eager step,
-    =compiled makes a failed build an error."""
+    """The compiled step where it builds and suits, else the eager one (RuntimeInfo says why). TRANSLATE_RUNTIME=eager
+    forces eager, =compiled makes a failed build an error."""
     wanted = os.environ.get(RUNTIME_ENV, "auto").strip().lower() or "auto"
     if wanted not in ("auto", "eager", "compiled"):
         raise ValueError(f"{RUNTIME_ENV} must be auto, eager or compiled, not {wanted!r}")
-    # int8 exists only in the compiled step; the eager step decodes the model's own (fp32) weights instead
     int8_note = "" if precision != "int8" else "; int8 needs the compiled step, so float32 decodes"
     if wanted == "eager":
         return EagerStep(model, f"{RUNTIME_ENV}=eager{int8_note}")
