@@ -1,10 +1,5 @@
-"""The reference beam search over the lecture model: one request at a time on its own k rows, in plain Python.
-
-It is the oracle every step kind is tested against (ids, scores and attention), and the decode loop of a machine
-where the compiled runtime does not build (no C++ compiler), so it keeps the loop's contract: `join`, `step`,
-`cancel`, `rows`, `len`. Semantics are transformers' generate(num_beams=k, early_stopping=True, length_penalty=lp)
-with Marian's forced eos at the length budget; greedy is one beam.
-"""
+"""The reference beam search: each request alone on its own k rows, in plain Python. The oracle every step kind is
+tested against, and the decode loop where the runtime does not build (the loop's contract: join, step, cancel)."""
 
 from __future__ import annotations
 

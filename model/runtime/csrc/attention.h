@@ -23,12 +23,9 @@ inline void attend_one(const float* query, const float* k, int64_t k_pos, const 
   CPU_ISA_DISPATCH(attend_one)(query, k, k_pos, v, v_pos, mask, m_pos, length, d_k, scale, w, out, lanes);
 }
 
-// softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k); key/value (N, h, t, d_k) whose first two
-// dimensions merge (a slice of a cache); mask additive (N, 1, 1, t) or undefined; `kv_rows` (N,) long, when defined,
-// the row of key, value and mask each query reads (the decode loop's rows of a source slot); `lengths` (N,) long,
-// when defined, the positions each query reads (the first lengths[r]; its weights beyond are 0): a row's numbers
-// then depend on its own keys alone, never on how long the others are. Returns the heads' contexts side by side
-// (N, h·d_k) and the weights (N·h, 1, t). `lanes`: attend_one's.
+// softmax(q Kᵀ/√d_k + mask) V for one query per row: q (N, h·d_k), key/value (N, h, t, d_k); `kv_rows`: the row
+// each query reads, `lengths`: how many positions (so a row never depends on the others' lengths). Returns the
+// contexts (N, h·d_k) and weights (N·h, 1, t).
 std::pair<Tensor, Tensor> attend_cpu(const Tensor& q, const Tensor& key, const Tensor& value, const Tensor& mask,
                                      int64_t heads, const Tensor& kv_rows, bool lanes, const Tensor& lengths) {
   const int64_t rows = q.size(0), length = key.size(2), d_k = key.size(3);

@@ -1,8 +1,5 @@
-// The runtime's Python bindings and the one translation unit the build compiles: every part is a header, included
-// once here, so that the per-CPU-level copies of the loops and the anonymous namespace stay one unit. The layers'
-// arithmetic is the eager step's (the reference it is tested against) on ATen ops; only the int8 kernels are
-// CPU-only. The search (search.h) runs every step kind: the compiled loop's and, through `BeamSearch`, the steps
-// Python drives.
+// The runtime's Python bindings and its one translation unit: every part is a header included once here, so the
+// per-CPU-level copies of the loops and the anonymous namespace stay one unit.
 
 #ifdef USE_FBGEMM
 #include <fbgemm/Utils.h>

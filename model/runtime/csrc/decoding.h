@@ -1,7 +1,5 @@
-// The compiled CPU decode loop: the search (search.h) over the runtime's layers and candidates, with the rows'
-// K/V in buffers of its own. Each step decodes one token for every row of every running request; requests join
-// and leave between any two steps. Attention reads each row's own positions and its own source slot, and every
-// matmul's kernel is row-invariant (Runtime::choose), so a request decodes as it would alone.
+// The compiled CPU decode loop: the one search over the runtime's layers, rows' K/V in buffers of its own. Each
+// row reads its own positions and source slot and every kernel is row-invariant, so a request decodes as alone.
 #pragma once
 
 #include "runtime.h"

@@ -1,7 +1,5 @@
-// The model as the runtime holds it: its embeddings, the encoder's and decoder's layers and the output projection,
-// each matmul's weight in the forms its kernels read, and the kernel each matmul runs, chosen at load on this CPU
-// (`choose`: only kernels whose rows do not depend on the rows beside them, the fastest of those). The arithmetic
-// over these weights is runtime.h's; the search is decoding.h's.
+// The model as the runtime holds it: each matmul's weight in the forms its kernels read, and the kernel chosen at
+// load on this CPU (the fastest of those whose rows do not depend on the rows beside them).
 #pragma once
 
 #include "layers.h"

@@ -23,11 +23,8 @@ class Runtime : public Model {
     Tensor additive = at::zeros({batch, 1, 1, length}, encoder_embed_.options())
                           .masked_fill_(mask.logical_not().view({batch, 1, 1, length}),
                                         std::numeric_limits<float>::lowest());
-    // On the CPU only the real tokens' rows are computed (a batch of sixteen dev sentences is 40 % padding), and
-    // every query attends through attend_cpu (the decoder's loops) over its text's keys and values, which each
-    // layer writes into a padded (B·S, 2d) block whose padding stays zero (the mask gives it weight 0). Padding
-    // positions' hidden states come back as zeros: nothing reads them (cross-attention masks them too). Elsewhere
-    // ATen's matmuls and softmax over the padded batch.
+    // On the CPU only the real tokens' rows are computed (padding is 40 % of a 16-text batch) and each query
+    // attends over its own text; padding positions come back as zeros, which nothing reads.
     const bool cpu = plain_cpu(encoder_embed_);
     const Tensor flat = mask.reshape({-1});
     const bool padded = cpu && flat.sum().item<int64_t>() < batch * length;
@@ -91,12 +88,8 @@ class Runtime : public Model {
                 source_mask, need_weights);
   }
 
-  // One step for N rows. ids (N,) the last token of each row; level >= 0: every row is at that position (its K/V
-  // written with one slice), else (-1) `positions` (N,) gives each row's own; self_key/self_value per layer
-  // (R, h, capacity, d_k) with rows 0..N-1 in use, attended up to `width` positions under `self_mask`
-  // ((N, 1, 1, width) additive, or undefined); cross_key/cross_value per layer (N, h, S, d_k) and `source_mask`
-  // ((N, 1, 1, S) additive or undefined). Returns logits (N, V) and, when asked, each layer's cross-attention
-  // weights (N, h, S).
+  // One step for N rows at position `level` (or, at -1, each at its `positions`) over per-layer caches
+  // (R, h, capacity, d_k) and additive masks: logits (N, V) and, when asked, each layer's cross-attention (N, h, S).
   std::pair<Tensor, std::vector<Tensor>> step(const Tensor& ids, int64_t level, const Tensor& positions,
                                               const std::vector<Tensor>& self_key,
                                               const std::vector<Tensor>& self_value, int64_t width,

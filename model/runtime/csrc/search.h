@@ -1,9 +1,5 @@
-// The search: beam search for requests that join and leave between steps, each on its own rows, at its own step,
-// with its own length budget, minimum length, length penalty and capture (greedy is one beam). Semantics are
-// transformers' generate(num_beams=k, early_stopping=True): of the 2k best continuations over an input's beams,
-// an eos among the first k finishes a hypothesis scored by its summed log-probability over length ** penalty, and
-// an input is done when k are finished, none can improve, or its budget ends. Every step kind decodes through
-// this one class: the compiled CPU loop (CompiledLoop) and the steps Python drives (StepLoop).
+// The one search: beam search for requests that join and leave between steps, each on its own rows with its own
+// budget, minimum, length penalty and capture, as transformers' generate(num_beams=k, early_stopping=True).
 #pragma once
 
 #include "common.h"

@@ -6,13 +6,8 @@
 namespace {
 
 // ---- int8 matmul on AVX2 ----------------------------------------------------------------------------------------
-// The VNNI tiles' arithmetic (kernels/vnni.h: x quantized per row in one pass, Σ over the input in int32 registers,
-// scales, bias and SiLU before the one store, each row's panel maxima for the candidates) on the same weight layout,
-// where `vpdpbusd` is `vpmaddubsw` (u8·s8 pairs summed into int16) then `vpmaddwd` by ones (int16 pairs into
-// int32). Two products of 255 · 128 overflow int16, so the rows are quantized to 7 bits (codes 0..127, as fbgemm's
-// `reduce_range` does for the same instructions): 127 · 128 · 2 = 32,512 fits, and the int32 sums are those
-// `vpdpbusd` would give for the same codes. A row's own range keeps its grid as fine as its values allow; the
-// activations are read once (fbgemm reads them twice, then the int32 output once more to scale it).
+// The VNNI tiles' arithmetic with `vpdpbusd` as `vpmaddubsw` then `vpmaddwd` by ones. Two products of 255 · 128
+// overflow int16, so rows are quantized to 7 bits (as fbgemm's `reduce_range`): the int32 sums stay exact.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_AVX2_INT8_KERNEL 1
 #define AVX2_TARGET __attribute__((target("avx2,fma")))

@@ -6,14 +6,8 @@
 namespace {
 
 // ---- int8 matmul on AVX-512 VNNI --------------------------------------------------------------------------------
-// x Wᵀ (· scales) + b with W per-channel int8 and x quantized per row to 8 bits, multiplied by vpdpbusd (u8·s8 pairs
-// summed straight into int32) in tiles of up to 4 rows × 64 columns held in registers, and the scales, the bias and
-// (for fc1) SiLU put on in those registers before anything is stored. Against fbgemm's dynamic linear, which reads
-// the activations twice to find one range for the call, quantizes, packs them with row offsets and then rewrites its
-// int32 output as floats that the per-row scale pass reads once more, it makes one pass over x and none over the
-// output: at a text's four beam rows its fixed cost per call is what the matmul costs. Built for CPUs with VNNI
-// only and chosen where it times faster on the weights
-// (Runtime::choose); elsewhere the AVX2 tiles (kernels/avx2_int8.h) are timed against fbgemm's kernel instead.
+// x Wᵀ (· scales) + b, W per-channel int8, x per row to 8 bits, vpdpbusd into int32 in register tiles of up to
+// 4 rows × 64 columns, scales, bias and SiLU applied before the one store: one pass over x where fbgemm makes three.
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_VNNI_KERNEL 1
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
@@ -123,12 +117,8 @@ VNNI_TARGET inline __m512 exp_lanes(__m512 y) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(two_n));
 }
 
-// Each row of x (rows, in) to u8 codes over its own range [lo, hi] (lo = min(x, 0), hi = max(x, 0)): step
-// s = (hi - lo) / 255, zero point z = round(-lo / s), q = round(x / s) + z in [0, 255], so x ≈ s (q - z); `steps` and
-// `zeros` get s and z per row (0 and 0 for a row of zeros); the padding to `groups` · 4 inputs is z (a zero). A
-// row's own range rather than one for the call (fbgemm's) or a symmetric one: after SiLU a row is nearly all
-// positive, and a symmetric grid spends half its codes on values it never has (bench.fast_modes: en-zh BLEU -0.53
-// with the symmetric one against -0.04 with fbgemm's).
+// Each row of x to u8 codes over its own range [min(x, 0), max(x, 0)]: x ≈ s (q - z), s and z per row in `steps`
+// and `zeros`, padding to `groups` · 4 inputs at z. Not symmetric: after SiLU a row is nearly all positive.
 VNNI_TARGET void quantize_rows_vnni(const float* x, int64_t rows, int64_t in, int64_t groups, uint8_t* a,
                                     float* steps, int32_t* zeros) {
   const int64_t width = groups * 4;
