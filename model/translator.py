@@ -4,9 +4,9 @@ tr = Translator.from_pretrained("en-zh")          # a shipped model by name, or 
 out = tr.translate(["The cat sat."], beam_size=4, return_attention=True)
 out[0].text, out[0].alignment, out[0].cross_attention
 
-Translator is the façade: loading (model.loading), building Translations (model.translation), the decode loop's
-texts (model.looping), alignments and their agreement (model.agreeing), trust (model.assessment) and explanations
-(model.explaining) each live in a module of their own, which it delegates to.
+Translator is the façade: loading (model.loading), building Translations (model.translation), the decode loop
+(model.decoding.scheduler), alignments and their agreement (model.agreeing), trust (model.assessment) and
+explanations (model.explaining) each live in a module of their own, which it delegates to.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from model.agreeing import Aligner, ReverseReading
 from model.assessment import Assessor, calibration_fit, calibration_info
 from model.calibration import Calibration
-from model.decoding.scheduler import Batch, Policy
+from model.decoding.scheduler import Batch, DecodeRequest, Policy, SchedulerThread
 from model.decoding.search import Hypothesis, beam_search
 from model.errors import InvalidInputError
 from model.explaining import Explainer
@@ -30,9 +30,8 @@ from model.explanations.agreement import AlignmentRows
 from model.explanations.attribution import Attributions
 from model.explanations.explain import AttentionSteps
 from model.loading import translator_parts
-from model.looping import TranslationQueue
 from model.options import DecodingOptions
-from model.results import Explanation, StreamedToken, Translation
+from model.results import Explanation, StreamedToken, Translation, blank_translation
 from model.runtime import load_step
 from model.runtime.extension import compiled_extension
 from model.runtime.step import weights_precision
@@ -69,7 +68,7 @@ class Translator:
         # which head alignments are read from, and why (ModelConfig.alignment_source: config.json, else the card)
         self.alignment = self.config.alignment_source(model_card)
         self.calibration = calibration  # trust's fit (trust.json beside the weights), or None: uncalibrated
-        self._loop: TranslationQueue | None = None
+        self._loop: SchedulerThread | None = None
         self._aligner = Aligner(tokenizer, self.exact_model, self.alignment_head, self.alignment_shift, name)
         self._builder = Builder(tokenizer, self._aligner, self.alignment_head)
         self._assessor = Assessor(tokenizer, self._aligner, self.config.max_position_embeddings)
@@ -248,19 +247,26 @@ class Translator:
         on_joined: Callable[[Batch, list[float]], None] | None = None,
         on_done: Callable[[Batch], None] | None = None,
     ) -> None:
-        """Start the decode loop `submit` feeds, in its own thread (model.looping; model.decoding.scheduler's
-        SchedulerThread says what `policy` and each limit mean); on_joined(batch, waits) and on_done(batch) are called
-        from its thread as a batch joins and as its last text leaves (metrics)."""
-        if self._loop is None:
-            self._loop = TranslationQueue(
-                self.model, self.step, self.alignment_head, self.encode_source, self._builder,
-                policy, max_rows, max_texts, gather_s, max_waiting, on_joined, on_done, self.word_continuations,
-            )
+        """Start the decode loop `submit` feeds, in its own thread (SchedulerThread says what `policy` and each limit
+        mean); on_joined(batch, waits) and on_done(batch) are called from it as a batch joins and leaves (metrics)."""
+        if self._loop is not None:
+            return
+        builder = self._builder
+
+        def finished(requests: list[DecodeRequest]) -> list[Translation]:  # a step's finished texts, built together
+            return builder.translations([r.source_ids for r in requests], [r.hypotheses for r in requests],
+                                        [r.return_attention for r in requests])
+
+        self._loop = SchedulerThread(
+            self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head,
+            step=self.step, policy=policy, max_texts=max_texts, gather_s=gather_s, finish=finished,
+            on_joined=on_joined, on_done=on_done, word_continuations=self.word_continuations,
+        )
 
     @property
     def decoder_rows(self) -> int:
         """Rows the decode loop is decoding now (0 without one)."""
-        return self._loop.rows if self._loop is not None else 0
+        return self._loop.scheduler.rows if self._loop is not None else 0
 
     def submit(
         self,
@@ -285,7 +291,15 @@ class Translator:
         if wanted and not self.constrains:
             raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
         options, _ = self._constrained(options, wanted)
-        return self._loop.submit(text, options, return_attention, on_token, source_ids, wanted)
+        if source_ids is None:
+            (source_ids,) = self.encode_source([text])
+        if not text.strip():
+            blank: Future = Future()
+            blank.set_result(blank_translation())
+            return blank
+        streamed = self._builder.streamed(on_token) if on_token is not None else None
+        return self._loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True,
+                                 constraints=wanted)
 
     def cancel(self, future: Future) -> None:
         """Stop decoding a text `submit` returned `future` for (its caller went away); frees its rows."""
