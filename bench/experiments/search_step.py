@@ -19,7 +19,7 @@ from model.runtime.extension import compiled_extension
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
-VOCABULARY = 8935  # the shipped models' target vocabulary
+VOCABULARY = json.loads((REPOSITORY / "model" / "pretrained" / "en-zh" / "config.json").read_text())["vocab_size"]
 
 
 def wall_ms(function: Callable[[], object], calls: int) -> float:
