@@ -22,7 +22,7 @@ import torch
 from model.agreeing import Aligner, ReverseReading
 from model.assessment import Assessor, calibration_fit, calibration_info
 from model.calibration import Calibration
-from model.decoding.scheduler import Batch, DecodeRequest, Policy, SchedulerThread
+from model.decoding.scheduler import Batch, DecodeRequest, Policy, SchedulerThread, request_of
 from model.decoding.search import Hypothesis, beam_search
 from model.errors import InvalidInputError
 from model.explaining import Explainer
@@ -279,27 +279,55 @@ class Translator:
         terms: list[str] | None = None,
         **settings,
     ) -> Future:
-        """Translate one text through the decode loop (`start_loop` first): a Future of its Translation, equal to
-        `translate([text], options)[0]`. `on_token(StreamedToken)` is called from the loop's thread as tokens settle:
-        under beam search those every live beam shares, so they are always a prefix of the answer. `source_ids`: the
-        text's `encode_source` ids, where known. `terms`: target terms the translation contains (translate's).
-        InvalidInputError / InputTooLongError at once, DecoderBusyError when the queue is full."""
+        """`submit_all` of one text. `on_token(StreamedToken)` is called from the loop's thread as tokens settle:
+        under beam search those every live beam shares, so they are always a prefix of the answer."""
+        return self.submit_all([text], options, return_attention=return_attention, on_token=on_token,
+                               source_ids=None if source_ids is None else [source_ids],
+                               terms=None if terms is None else [terms], **settings)[0]
+
+    def submit_all(
+        self,
+        texts: list[str],
+        options: DecodingOptions | None = None,
+        *,
+        return_attention: bool = False,
+        on_token: Callable[[StreamedToken], None] | None = None,
+        source_ids: list[list[int]] | None = None,
+        terms: list[list[str]] | None = None,
+        **settings,
+    ) -> list[Future]:
+        """Translate texts through the decode loop (`start_loop` first), queued together so that they join it at
+        one step: a Future each of its Translation, equal to `translate(texts, options)`'s. `source_ids`: the texts'
+        `encode_source` ids, where known; `terms`: per text, target terms its translation contains; `on_token`: see
+        `submit` (one text only). InvalidInputError / InputTooLongError at once, DecoderBusyError (none queued) when
+        the queue is full."""
         if self._loop is None:
             raise RuntimeError("call start_loop() before submit()")
+        if on_token is not None and len(texts) != 1:
+            raise ValueError("on_token streams one text")
         options = decoding_options(options, settings)
-        wanted = self.term_ids(terms) if terms else []
-        if wanted and not self.constrains:
+        wanted = [self.term_ids(t) if t else [] for t in terms] if terms is not None else [[] for _ in texts]
+        if len(wanted) != len(texts) or (source_ids is not None and len(source_ids) != len(texts)):
+            raise InvalidInputError(f"{len(texts)} texts need as many source id and term lists")
+        if any(wanted) and not self.constrains:
             raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
-        options, _ = self._constrained(options, wanted)
         if source_ids is None:
-            (source_ids,) = self.encode_source([text])
-        if not text.strip():
-            blank: Future = Future()
-            blank.set_result(blank_translation())
-            return blank
+            source_ids = self.encode_source(texts)
         streamed = self._builder.streamed(on_token) if on_token is not None else None
-        return self._loop.submit(source_ids, options, return_attention, streamed, alignment_rows=True,
-                                 constraints=wanted)
+        futures: list[Future | None] = [None] * len(texts)
+        requests, queued = [], []
+        for i, text in enumerate(texts):
+            if not text.strip():
+                futures[i] = Future()
+                futures[i].set_result(blank_translation())
+                continue
+            used, _ = self._constrained(options, wanted[i])
+            requests.append(request_of(source_ids[i], used, return_attention, streamed, alignment_rows=True,
+                                       constraints=wanted[i]))
+            queued.append(i)
+        for i, future in zip(queued, self._loop.submit_all(requests), strict=True):
+            futures[i] = future
+        return futures
 
     def cancel(self, future: Future) -> None:
         """Stop decoding a text `submit` returned `future` for (its caller went away); frees its rows."""

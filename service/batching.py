@@ -1,15 +1,13 @@
-"""A batch queue that forms the next batch only when the engine is free, so that whatever arrived while one
-batch decoded is decoded together (Ray Serve's @serve.batch forms batches as items arrive).
+"""A queue whose worker takes whatever has arrived as its next batch once the previous one is done: the work after
+the decode loop (service.finishing) runs on what finished meanwhile, never waiting for company.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger("ray.serve")
@@ -17,87 +15,48 @@ logger = logging.getLogger("ray.serve")
 Item = TypeVar("Item")
 
 
-@dataclass
-class _Entry(Generic[Item]):
-    item: Item
-    group: Hashable
-    future: asyncio.Future
-    enqueued_at: float = field(default_factory=time.monotonic)
-
-
 class BatchQueue(Generic[Item]):
-    """submit(item, group) → the handler's result for that item, decoded with up to max_batch_size others.
+    """submit(item) → the handler's result for that item, handled with up to max_batch_size - 1 others, oldest first.
 
-    One worker takes the next batch only after the previous one is done, and never waits for company: what
-    arrived meanwhile is the batch. A batch holds items with equal `group` keys (decoding options), oldest
-    first: one handler call per batch. (The decode loop's admission is where texts are gathered for the
-    engine; this queue only batches the work after it.)
-
-    handler(items) returns one result per item, in order; a result that is an exception is
-    raised to that item's caller only. If the handler itself raises, every item of the batch
-    gets the exception. Items cancelled by their callers while queued are dropped before decoding.
+    handler(items) returns one result per item, in order; a result that is an exception is raised to that item's
+    caller only. If the handler itself raises, every item of the batch gets the exception. Items cancelled by their
+    callers while queued are dropped.
     """
 
-    def __init__(
-        self,
-        handler: Callable[[list[Item], list[float]], Awaitable[list[Any]]],
-        max_batch_size: int,
-    ) -> None:
+    def __init__(self, handler: Callable[[list[Item]], Awaitable[list[Any]]], max_batch_size: int) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.handler = handler
         self.max_batch_size = max_batch_size
-        self._entries: deque[_Entry[Item]] = deque()
+        self._entries: deque[tuple[Item, asyncio.Future]] = deque()
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
-    async def submit(self, item: Item, group: Hashable = None) -> Any:
+    async def submit(self, item: Item) -> Any:
         loop = asyncio.get_running_loop()
         if self._arrived is None:
             self._arrived = asyncio.Event()
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._work())
-        entry = _Entry(item, group, loop.create_future())
-        entry.future.add_done_callback(self._on_done)
-        self._entries.append(entry)
+        future = loop.create_future()
+        self._entries.append((item, future))
         self._arrived.set()
-        return await entry.future
-
-    def _on_done(self, future: asyncio.Future) -> None:
-        if future.cancelled() and self._arrived is not None:  # the worker may be waiting on this item's batch
-            self._arrived.set()
-
-    def _take(self) -> list[_Entry[Item]]:
-        """The oldest entry (live: see _work) and up to max_batch_size - 1 more of its group, in arrival order."""
-        group = self._entries[0].group
-        batch, rest = [], deque()
-        while self._entries:
-            entry = self._entries.popleft()
-            if entry.future.done():
-                continue
-            if entry.group == group and len(batch) < self.max_batch_size:
-                batch.append(entry)
-            else:
-                rest.append(entry)
-        self._entries = rest
-        return batch
+        return await future
 
     async def _work(self) -> None:
         assert self._arrived is not None
         while True:
-            while self._entries and self._entries[0].future.done():  # cancelled while queued
-                self._entries.popleft()
-            if not self._entries:
+            batch = []
+            while self._entries and len(batch) < self.max_batch_size:
+                entry = self._entries.popleft()
+                if not entry[1].done():  # not cancelled while queued
+                    batch.append(entry)
+            if not batch:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            await self._run(self._take())
-
-    async def _run(self, batch: list[_Entry[Item]]) -> None:
-        started = time.monotonic()
-        waits = [started - e.enqueued_at for e in batch]
-        outcomes = self.handler([e.item for e in batch], waits)
-        await deliver([e.future for e in batch], outcomes, f"batch of {len(batch)}", log_failure=True)
+            outcomes = self.handler([item for item, _ in batch])
+            await deliver([future for _, future in batch], outcomes, f"batch of {len(batch)}", log_failure=True)
 
 
 async def deliver(futures: list[asyncio.Future], outcomes: Awaitable[list[Any]], what: str, log_failure: bool) -> None:

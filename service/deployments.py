@@ -50,12 +50,12 @@ async def _rejecting(call: Awaitable[Any]) -> Any:
 class TranslatorDeployment:
     """Serves one model: translate (batched), fetch explanations, explain step by step.
 
-    Each text of each request joins the replica's decode loop on its own (model.Translator.submit; the loop runs
-    in its own thread, so the replica keeps accepting requests while it decodes), so a request's texts spread
-    over batches and concurrent requests share them. `scheduler` is the loop's policy: "static" batches of up to
-    max_batch_size texts join once the loop is empty (after up to batch_wait_timeout_s for company),
-    "continuous" texts join at the next step, up to max_rows rows. The texts that come out of the loop meanwhile
-    are aligned and assessed together, one batch per worker-thread call (service/finishing.py).
+    A request's texts are handed to the replica's decode loop as they come (model.Translator.submit_all; the loop
+    runs in its own thread, so the replica keeps accepting requests while it decodes), whose admission is the one
+    place texts are batched: concurrent requests share its steps. `scheduler` is the loop's policy: "static"
+    batches of up to max_batch_size texts join once the loop is empty (after up to batch_wait_timeout_s for
+    company), "continuous" texts join at the next step, up to max_rows rows. Whatever has come out of the loop
+    meanwhile is aligned and assessed together, one worker-thread call at a time (service.finishing).
 
     Its arguments are service.config.ServiceConfig's (build_app passes them on), which holds their defaults;
     reverse_spec: the served model translating the other way, loaded here too (float32, forced decodes only) for
@@ -132,7 +132,8 @@ class TranslatorDeployment:
         return [Rejected(o) if isinstance(o, Exception) else o for o in outcomes]
 
     async def _translate(self, call: TranslateCall) -> list[TranslationRecord]:
-        """Each text joins the decode loop on its own, so one request's texts spread over its batches."""
+        """The request's texts join the decode loop together (at one step, while its rows allow), and each leaves
+        it as it finishes."""
         try:
             source_ids = self.translator.encode_source(call.texts)  # fails fast on a text longer than allowed
         except InputTooLongError as error:
@@ -144,9 +145,13 @@ class TranslatorDeployment:
         self._check_options(call.options)
         for ids in source_ids:
             self.metrics.source_length.labels(self.spec.id).observe(len(ids))
-        terms = call.terms or [[] for _ in call.texts]
-        decodes = [self._decode(text, ids, call, wanted)
-                   for text, ids, wanted in zip(call.texts, source_ids, terms, strict=True)]
+        self._watch_rows()
+        searched = [self._terms(call.options, wanted) for wanted in call.terms or [[] for _ in call.texts]]
+        futures = self.translator.submit_all(
+            call.texts, call.options, return_attention=call.attention != "none", source_ids=source_ids,
+            terms=[terms for terms, _ in searched],
+        )
+        decodes = [self._finished(future, call, note) for future, (_, note) in zip(futures, searched, strict=True)]
         outcomes = await asyncio.gather(*decodes, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -217,18 +222,9 @@ class TranslatorDeployment:
                 f"beam_size must be at most {self.max_rows} for model {self.spec.id} (its decoder rows, max_rows)"
             )
 
-    async def _decode(
-        self, text: str, source_ids: list[int], call: TranslateCall, terms: list[str]
-    ) -> TranslationRecord:
-        """One text (its ids, tokenized once by the caller) through the replica's decode loop, its glossary's
-        `terms` enforced, then aligned and assessed with the others that finished meanwhile; a caller that stops
-        waiting frees its rows."""
-        self._watch_rows()
-        attention = call.attention
-        terms, note = self._terms(call.options, terms)
-        future = self.translator.submit(
-            text, call.options, return_attention=attention != "none", source_ids=source_ids, terms=terms
-        )
+    async def _finished(self, future, call: TranslateCall, note: str | None) -> TranslationRecord:
+        """One text's decode (`future`, from the replica's decode loop), then aligned and assessed with whatever
+        finished meanwhile; a caller that stops waiting frees its rows."""
         try:
             translation = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -236,7 +232,7 @@ class TranslatorDeployment:
             raise
         translation.search_note = note
         return await self.finisher.submit(
-            FinishItem(translation, call.options, attention, call.alignment_method, call.trust)
+            FinishItem(translation, call.options, call.attention, call.alignment_method, call.trust)
         )
 
     def _batch_joined(self, batch: Batch, waits: list[float]) -> None:

@@ -1,8 +1,7 @@
-"""A translator replica's work after a decode, once per batch of texts that finished together (service/batching.py
-groups them by their options): each one's alignment as its method asks (the "agreement" ones sharing the reverse
-model's forced decodes), its trust as its mode asks (the "full" ones sharing the same forced decodes: one
-model.ReverseReading per batch forces each pair back once), then the records that cross Ray, and, where asked,
-each hypothesis's source shares.
+"""A translator replica's work after a decode, once per batch of whatever texts finished meanwhile: each one's
+alignment as its method asks (the "agreement" ones sharing the reverse model's forced decodes), its trust as its
+mode asks (the "full" ones sharing the same forced decodes: one model.ReverseReading per batch forces each pair back
+once), then the records that cross Ray, and, where asked, each hypothesis's source shares.
 """
 
 from __future__ import annotations
@@ -23,24 +22,24 @@ class FinishItem:
     """A decoded text on its way to its answer: aligned and assessed with the others of its batch."""
 
     translation: Translation
-    options: DecodingOptions  # as decoded (the batch's: items are grouped by their options)
+    options: DecodingOptions  # as asked (its length budget says whether a hypothesis was cut)
     attention: str  # "none" | "summary" | "full": only changes what is returned
     alignment_method: AlignmentMethod = DEFAULT_ALIGNMENT["translate"]  # AGREEMENT: realigned after the decode
     trust: str = "off"  # "fast" | "full": assessed after the decode (model.trust)
 
 
 class Finisher:
-    """One replica's finishing: `submit(item)` → its TranslationRecord, built with the others that finished
-    meanwhile (one worker-thread call per batch of up to `max_batch` items)."""
+    """One replica's finishing: `submit(item)` → its TranslationRecord, built with whatever else finished meanwhile
+    (one worker-thread call per batch of up to `max_batch` items)."""
 
     def __init__(self, served: Served, max_batch: int) -> None:
         self.served = served
         self.queue: BatchQueue[FinishItem] = BatchQueue(self._batch, max_batch)
 
     async def submit(self, item: FinishItem) -> TranslationRecord:
-        return await self.queue.submit(item, item.options)
+        return await self.queue.submit(item)
 
-    async def _batch(self, items: list[FinishItem], _waits: list[float]) -> list[TranslationRecord]:
+    async def _batch(self, items: list[FinishItem]) -> list[TranslationRecord]:
         def finish() -> list[Translation]:
             reverse = self.served.reverse
             agree = [item.alignment_method == AlignmentMethod.AGREEMENT for item in items]
@@ -48,7 +47,7 @@ class Finisher:
             reading = reverse.reverse_reading(rows=any(agree), logprobs=any(full)) if reverse is not None else None
             translations = self._aligned([item.translation for item in items], agree, reading)
             aligned = reading.forced if reading is not None else 0
-            self._assessed(translations, [item.trust for item in items], items[0].options, reading)
+            self._assessed(translations, items, reading)
             if reading is not None:  # the reverse model's forced decodes as run: trust reuses what agreement forced
                 metrics, model_id = self.served.metrics, self.served.spec.id
                 metrics.forced_decodes.labels(model_id, "agreement").inc(aligned)
@@ -77,16 +76,18 @@ class Finisher:
         return results
 
     def _assessed(
-        self, translations: list[Translation], modes: list[str], options: DecodingOptions,
-        reading: ReverseReading | None,
+        self, translations: list[Translation], items: list[FinishItem], reading: ReverseReading | None
     ) -> None:
-        """Each translation's trust as its mode asks (model.trust): "full" ones read the reverse model's forced
-        decodes (those the agreement made, where it made them); without a reverse model "full" is "fast"."""
+        """Each translation's trust as its mode asks (model.trust), those asked with equal options together: "full"
+        ones read the reverse model's forced decodes (those the agreement made, where it made them); without a
+        reverse model "full" is "fast"."""
         served = self.served
-        for mode in ("fast", "full"):
-            chosen = [t for t, m in zip(translations, modes, strict=True) if m == mode]
-            if chosen:
-                served.translator.assess(chosen, mode, served.reverse, options, reading)
+        groups: dict[tuple[str, DecodingOptions], list[Translation]] = {}
+        for translation, item in zip(translations, items, strict=True):
+            if item.trust in ("fast", "full"):
+                groups.setdefault((item.trust, item.options), []).append(translation)
+        for (mode, options), chosen in groups.items():
+            served.translator.assess(chosen, mode, served.reverse, options, reading)
 
     def _noted(self, translation: Translation) -> Translation:
         return replace(

@@ -297,20 +297,27 @@ class SchedulerThread:
         alignment_rows: bool = False,
         constraints: list[list[int]] | None = None,
     ) -> Future:
-        """Queue one source; the Future gives its hypotheses (best first), or `finish`'s result for it. Raises
-        DecoderBusyError when full."""
-        future: Future = Future()
-        request = request_of(source_ids, options, return_attention, on_token, alignment_rows, constraints)
-        request.future = future
+        """Queue one source (`submit_all` of one request made by `request_of`)."""
+        return self.submit_all([request_of(source_ids, options, return_attention, on_token, alignment_rows,
+                                           constraints)])[0]
+
+    def submit_all(self, requests: list[DecodeRequest]) -> list[Future]:
+        """Queue requests together, so that they join the loop at one step; a Future each gives its hypotheses
+        (best first), or `finish`'s result for it. Raises DecoderBusyError, queueing none, when they do not fit."""
+        futures = []
+        for request in requests:
+            request.future = Future()
+            futures.append(request.future)
         with self._wake:
             if self._closed:
                 raise RuntimeError("the decode loop is closed")
-            if len(self.scheduler.waiting) + len(self._inbox) >= self.scheduler.max_waiting:
+            if len(self.scheduler.waiting) + len(self._inbox) + len(requests) > self.scheduler.max_waiting:
                 raise DecoderBusyError(f"{self.scheduler.max_waiting} sources already wait for the decoder")
-            self._inbox.append(("submit", request))
+            self._inbox.extend(("submit", request) for request in requests)
             self._wake.notify()
-        future.add_done_callback(self._given_up)
-        return future
+        for future in futures:
+            future.add_done_callback(self._given_up)
+        return futures
 
     def _given_up(self, future: Future) -> None:
         """A Future cancelled before its source joined: wake the loop, which may be holding a batch for it."""

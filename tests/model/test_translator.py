@@ -269,3 +269,20 @@ def test_submit_takes_the_ids_a_caller_already_tokenized_and_does_not_tokenize_a
     translation = translator.submit(text, beam_size=4, source_ids=ids).result(timeout=60)
     assert (translation.target_ids, translation.alignment) == (expected.target_ids, expected.alignment)
     assert translation.token_logprobs == pytest.approx(expected.token_logprobs, abs=1e-5)
+
+
+def test_texts_submitted_together_join_the_loop_at_one_step_and_decode_as_translate_does():
+    """A request's texts reach the loop's admission together: one batch, one encoder pass, whatever the thread
+    timing; a blank one never enters the loop."""
+    translator = Translator.from_pretrained("en-zh", device=DEVICE)
+    texts = ["The cat sat on the mat.", " ", "Where is the station?", "I like tea.", "Thank you very much."]
+    expected = translator.translate(texts, beam_size=4)
+    joined = []
+    translator.start_loop(on_joined=lambda batch, waits: joined.append(batch.size))
+    for _ in range(3):
+        futures = translator.submit_all(texts, beam_size=4)
+        results = [future.result(timeout=60) for future in futures]
+        assert [r.target_ids for r in results] == [e.target_ids for e in expected]
+        for result, oracle in zip(results, expected, strict=True):
+            assert result.token_logprobs == pytest.approx(oracle.token_logprobs, abs=1e-5)
+    assert joined == [4, 4, 4]

@@ -1,4 +1,4 @@
-"""The translator's batch queue (service/batching.py), driven by a real asyncio loop.
+"""The finisher's batch queue (service.batching), driven by a real asyncio loop.
 
 Events are ordered with asyncio.Event, never with sleeps: `submitted` returns once the queue holds
 an item; the Recorder tells when a batch reached the handler and holds it there until released.
@@ -12,19 +12,16 @@ from service.batching import BatchQueue
 
 
 class Recorder:
-    """A batch handler that records its batches (and how long their items waited) and can be held until released."""
+    """A batch handler that records its batches and can be held until released."""
 
     def __init__(self) -> None:
         self.batches: list[list] = []
-        self.waits: list[list[float]] = []
         self.release = asyncio.Event()
         self.release.set()
         self.started = asyncio.Event()
 
-    async def __call__(self, items: list, waits: list[float]) -> list:
-        assert len(waits) == len(items) and all(w >= 0 for w in waits)
+    async def __call__(self, items: list) -> list:
         self.batches.append(list(items))
-        self.waits.append(list(waits))
         self.started.set()
         await self.release.wait()
         return [ValueError(f"bad {item}") if str(item).startswith("bad") else f"done {item}" for item in items]
@@ -34,7 +31,7 @@ def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 10))
 
 
-async def submitted(queue: BatchQueue, item, group=None) -> asyncio.Task:
+async def submitted(queue: BatchQueue, item) -> asyncio.Task:
     """Submit `item` from a task of its own; return that task once the queue holds the item.
 
     submit() queues its item before it first suspends, so the event set just before the call
@@ -44,18 +41,18 @@ async def submitted(queue: BatchQueue, item, group=None) -> asyncio.Task:
 
     async def submit():
         queued.set()
-        return await queue.submit(item, group=group)
+        return await queue.submit(item)
 
     task = asyncio.create_task(submit())
     await queued.wait()
     return task
 
 
-async def busy_queue(handler: Recorder, first, group=None) -> tuple[BatchQueue, asyncio.Task]:
+async def busy_queue(handler: Recorder, first) -> tuple[BatchQueue, asyncio.Task]:
     """A queue (batches of up to 16) whose engine is busy with `first` until handler.release is set."""
     queue = BatchQueue(handler, max_batch_size=16)
     handler.release.clear()
-    task = asyncio.create_task(queue.submit(first, group=group))
+    task = asyncio.create_task(queue.submit(first))
     await handler.started.wait()
     return queue, task
 
@@ -75,21 +72,6 @@ def test_the_next_batch_takes_everything_that_arrived_while_the_engine_was_busy(
     run(scenario())
 
 
-def test_a_batch_holds_one_group_and_the_oldest_item_goes_first():
-    async def scenario():
-        handler = Recorder()
-        queue, blocker = await busy_queue(handler, "first", group="beam4")
-        tasks = [
-            await submitted(queue, name, group)
-            for name, group in [("a", "greedy"), ("b", "beam4"), ("c", "greedy"), ("d", "beam4")]
-        ]
-        handler.release.set()
-        await asyncio.gather(blocker, *tasks)
-        assert handler.batches == [["first"], ["a", "c"], ["b", "d"]]
-
-    run(scenario())
-
-
 def test_an_item_whose_result_is_an_error_fails_alone():
     async def scenario():
         handler = Recorder()
@@ -105,7 +87,7 @@ def test_a_failing_handler_fails_its_batch_and_the_queue_keeps_serving():
     async def scenario():
         calls = []
 
-        async def handler(items, waits):
+        async def handler(items):
             calls.append(items)
             if len(calls) == 1:
                 raise RuntimeError("engine fell over")
@@ -137,7 +119,7 @@ def test_an_item_cancelled_while_queued_never_reaches_the_engine():
 
 def test_a_handler_returning_the_wrong_number_of_results_fails_the_batch_loudly():
     async def scenario():
-        async def handler(items, waits):
+        async def handler(items):
             return items[:-1]
 
         queue = BatchQueue(handler, max_batch_size=4)
@@ -154,6 +136,5 @@ def test_an_item_alone_starts_at_once_and_items_queued_together_share_a_batch():
         assert await queue.submit("lone") == "done lone"
         assert await asyncio.gather(queue.submit("a"), queue.submit("b")) == ["done a", "done b"]
         assert handler.batches == [["lone"], ["a", "b"]]
-        assert handler.waits[0][0] < 0.05  # by the queue's own account: it waited for nobody
 
     run(scenario())
