@@ -1,7 +1,8 @@
 """Translation quality of the shipped models (and, beside them, a baseline's) on the development and test sets.
 
 Beam 4, sacrebleu BLEU (tokenize "zh" for Chinese output, "13a" for English) and chrF, multi-reference where a
-source has several translations: the recipe's Tatoeba and HSK development pairs (model.training.recipe), and the
+source has several translations: the recipe's Tatoeba and HSK development pairs (model.training.recipe), 500 UI
+strings of the gettext catalogs no model trains on (git, coreutils, dpkg, glib20: model.training.catalogs), and the
 out-of-domain test sets TICO-19 (test) and FLORES-200 (devtest), which no model here trained or was tuned on,
 beside the best public OPUS-MT model's published BLEU where one exists.
 
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
 from bench import SHARED_DATA, machine, named_models, report_command, write_report
 from model.options import DecodingOptions
+from model.training.catalogs import catalog_pairs
 from model.training.data import dev_references
 from model.training.evaluate import score_translations
 from model.training.recipe import development_pairs
@@ -27,7 +30,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 DATA = SHARED_DATA
 # The OPUS-MT leaderboard's best public models on TICO-19 (sacrebleu BLEU), as tico19-en-zh/README.md quotes it.
 OPUS_MT = {("en-zh", "tico19 test"): 34.2, ("zh-en", "tico19 test"): 25.7}
-SETS = ("tatoeba dev", "hsk dev", "tico19 test", "flores200 devtest")
+SETS = ("tatoeba dev", "hsk dev", "catalogs held-out", "tico19 test", "flores200 devtest")
+CATALOG_SAMPLE = 500  # UI strings drawn (seeded) from the held-out gettext catalogs: the software domain's test
 
 
 def read_set(data: Path, name: str) -> list[tuple[str, str]]:
@@ -35,6 +39,10 @@ def read_set(data: Path, name: str) -> list[tuple[str, str]]:
     if name in ("tatoeba dev", "hsk dev"):
         pairs = development_pairs(data)["tatoeba" if name == "tatoeba dev" else "hsk"]
         return [(p.english, p.chinese) for p in pairs]
+    if name == "catalogs held-out":  # read from this machine's locale files at run time (never committed)
+        held_out = catalog_pairs()["held_out"]
+        chosen = random.Random(0).sample(held_out, min(CATALOG_SAMPLE, len(held_out)))
+        return [(p.english, p.chinese) for p in chosen]
     folder, stem = {"tico19 test": ("tico19-en-zh", "test"), "flores200 devtest": ("flores200-en-zh", "devtest")}[name]
     english = (data / folder / f"{stem}.en").read_text(encoding="utf-8").splitlines()
     chinese = (data / folder / f"{stem}.zh").read_text(encoding="utf-8").splitlines()
