@@ -183,7 +183,6 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
     to 256 rows, in float32 and float16; what capturing costs; the encoder's time (whether capturing it too would
     pay); and the ids of both steps on the dev sentences."""
     from model.runtime import EagerStep
-    from model.runtime.rows import RaggedCache
     from model.runtime.step import GraphStep
     from model.transformer import EncoderOutput
 
@@ -194,7 +193,7 @@ def stage_graphs(stages: Stages, device: str, data: Path) -> dict:
         model = translator.model
         start_id = model.config.decoder_start_token_id
         eager, graph = EagerStep(model), GraphStep(model, capture=device == "cuda")
-        caches = {"eager": RaggedCache(model), "graph": graph.rows_cache()}
+        caches = {"eager": eager.rows_cache(), "graph": graph.rows_cache()}
         for rows in (1, 8, 32, 64, 256):
             ids = translator.encode_source(texts[:rows])
             width = max(map(len, ids))

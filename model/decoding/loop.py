@@ -11,7 +11,6 @@ from model.decoding.reference import ReferenceLoop
 from model.host import packed_to_host
 from model.runtime import CAPTURE
 from model.runtime.extension import compiled_extension
-from model.runtime.rows import RaggedCache
 
 EVERY_HEAD, ONE_HEAD, NOTHING = CAPTURE["every_head"], CAPTURE["one_head"], CAPTURE["nothing"]
 host_reads = 0  # device → host copies a StepLoop made (one per step), for tests and benchmarks
@@ -45,7 +44,8 @@ def to_host(tensors: list[Tensor | None]) -> list[Tensor | None]:
 
 
 class StepLoop:
-    """The search over a step's `decode_rows` (eager, or graph on fixed buffers), one copy to the host a step."""
+    """The search over a step's `decode_rows` (eager, or CUDA graphs, over its fixed buffers), one copy to the host a
+    step."""
 
     def __init__(self, step, extension, alignment_head: tuple[int, int | None] | None = None) -> None:
         self.decoder_step, model = step, step.model
@@ -54,8 +54,7 @@ class StepLoop:
         self.vocabulary = model.output_weight.size(0)
         self.topk = extension.row_topk
         self.head = alignment_head if alignment_head is not None else (0, 0)
-        rows_cache = getattr(step, "rows_cache", None)  # the graph step's fixed buffers
-        self.cache = rows_cache() if rows_cache is not None else RaggedCache(model)
+        self.cache = step.rows_cache()
         config = self.config
         self.search = extension.BeamSearch(config.eos_token_id, config.pad_token_id, config.decoder_start_token_id,
                                            config.max_position_embeddings)

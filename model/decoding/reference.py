@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from model.runtime import CAPTURE
-from model.runtime.rows import RaggedCache
+from model.runtime.rows import StaticRows
 
 NEG = -1.0e9  # the score of a beam that does not exist yet (the k beams start as one)
 EVERY_HEAD, ONE_HEAD = CAPTURE["every_head"], CAPTURE["one_head"]
@@ -34,7 +34,7 @@ class _Request:
     capture: int
     stream: bool
     length: int
-    cache: RaggedCache
+    cache: StaticRows
     beams: list[_Beam]
     finished: list[tuple[float, bool, _Beam | None]] = field(default_factory=list)  # k slots: (score, taken, beam)
     improvable: bool = True
@@ -85,7 +85,7 @@ class ReferenceLoop:
             if budgets[i] > self.config.max_position_embeddings:
                 raise ValueError("a budget past the model's positions")
             keys, values = self.decoder_step.cross_key_values(hidden[i : i + 1, : lengths[i]], k)
-            cache = RaggedCache(self.model)
+            cache = self.decoder_step.rows_cache()
             cache.join(keys, values, torch.ones(k, lengths[i], dtype=torch.bool, device=self.device), budgets[i],
                        [lengths[i]] * k)
             beams_of = [_Beam(0.0 if j == 0 else NEG) for j in range(k)]
@@ -132,7 +132,7 @@ class ReferenceLoop:
             layer, head = self.head
             maps = (torch.stack(cross, dim=1) if request.capture == EVERY_HEAD
                     else cross[layer].mean(dim=1) if head is None else cross[layer][:, head])
-            maps = maps[..., : request.length].float().cpu()
+            maps = maps[..., : request.length].float().cpu().clone()  # the step's buffers are reused
 
         # the 2k best continuations over all beams; of equal scores the lower beam, then the lower token, first
         running = torch.tensor([b.score for b in request.beams], dtype=torch.float32)

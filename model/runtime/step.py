@@ -17,6 +17,7 @@ from model import cpu_isa, weight_spec
 from model.runtime import eager, graphs
 from model.runtime.extension import ACTIVATIONS, KERNELS, compiled_extension, cpu_model, failure
 from model.runtime.quantize import quantize_per_channel
+from model.runtime.rows import StaticRows
 from model.transformer import EncoderOutput
 
 logger = logging.getLogger("model.runtime")
@@ -49,10 +50,10 @@ class RuntimeInfo:
 
 
 class EagerStep:
-    """The lecture model's own step: the reference, and the fallback."""
+    """The lecture model's own step: the reference, and the fallback. Its rows lie in fixed buffers (rows.StaticRows);
+    each step reads them cut to the rows in use, the positions written and the longest source."""
 
     new_loop = None  # no compiled decode loop: StepLoop drives decode_rows
-    rows_cache = None  # StepLoop keeps its rows in a RaggedCache
 
     def __init__(self, model, reason: str = "eager requested", precision: str | None = None) -> None:
         self.model = model
@@ -70,39 +71,36 @@ class EagerStep:
     def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
         return eager.decode_step(self.model, last_ids, cache, need_weights)
 
+    def rows_cache(self) -> StaticRows:
+        return StaticRows(self.model)
+
     @torch.inference_mode()
-    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """One step for every row of a RaggedCache at its own position: logits (N, V), cross-attention per layer."""
-        model = self.model
-        cache.prepare()
-        embedded = model.decoder_embed_tokens(last_ids[:, None]).to(model.positions.dtype) * model.embed_scale
-        x = embedded + model.positions[cache.positions][:, None, :]  # (N, 1, d)
-        x, cross_attention = eager.step_layers(model, x, cache, need_weights)
-        cache.advance()
-        return eager.logits(model, x[:, 0]), cross_attention
+    def decode_rows(self, last_ids: Tensor, cache: StaticRows, need_weights: bool = False):
+        """One step for every row of `cache` at its own position: logits (N, V) and, when asked, each layer's
+        cross-attention (N, h, S)."""
+        count = cache.rows
+        cache.ids[:count].copy_(last_ids)
+        variant = graphs.Variant(cache.pending, need_weights)
+        cache.pending = "none"
+        return graphs.rows_step(self.model, cache, count, variant, trimmed=True)
 
 
 class GraphStep(EagerStep):
-    """The eager step on fixed buffers (graphs.StaticRows): one CUDA graph replay per step on a GPU (`capture`),
-    else the same static step run eagerly. The ids equal EagerStep's."""
+    """The eager step at static shapes (whole row buckets and buffers), so that on a GPU each shape's step is one
+    CUDA graph replay (`capture`, by default where the model lies on a GPU); uncaptured, the same static step runs
+    eagerly. The ids equal EagerStep's."""
 
     def __init__(self, model, capture: bool | None = None, reason: str = "", precision: str | None = None) -> None:
-        on_gpu = model.final_logits_bias.device.type == "cuda"
-        capture = on_gpu if capture is None else capture
+        capture = model.final_logits_bias.device.type == "cuda" if capture is None else capture
         super().__init__(model, reason or (
             "the lecture model's step at bucketed static shapes, each shape's step replayed as a CUDA graph"
             if capture else "the lecture model's step at bucketed static shapes, run eagerly"
         ), precision)
         self.graphs = graphs.GraphSteps(model, capture)
 
-    def rows_cache(self) -> graphs.StaticRows:
-        return graphs.StaticRows(self.model)
-
     @torch.inference_mode()
-    def decode_rows(self, last_ids: Tensor, cache, need_weights: bool = False):
-        """`EagerStep.decode_rows` on static rows; the outputs are valid until the next step."""
-        if not isinstance(cache, graphs.StaticRows):
-            return super().decode_rows(last_ids, cache, need_weights)
+    def decode_rows(self, last_ids: Tensor, cache: StaticRows, need_weights: bool = False):
+        """`EagerStep.decode_rows` at static shapes; the outputs are valid until the next step."""
         count = cache.rows
         cache.ids[:count].copy_(last_ids)
         self.graphs.run_rows(cache, need_weights)

@@ -179,10 +179,13 @@ def test_a_request_that_arrives_mid_decode_joins_at_the_next_step_and_a_short_on
     assert_same(first.hypotheses, reference, "")
 
 
-def test_cancel_frees_the_rows_at_once_and_leaves_the_others_exact():
+@pytest.mark.parametrize("static", [False, True])
+def test_cancel_frees_the_rows_at_once_and_leaves_the_others_exact(static):
+    """static: on the graph step's buffers, where a cancel's move of the rows follows the beam's own before the
+    next step has made it (the two compose)."""
     model = random_model(3)
     options = DecodingOptions(beam_size=3, max_new_tokens=20, min_new_tokens=20)
-    scheduler = Scheduler(model)
+    scheduler = Scheduler(model, step=GraphStep(model, capture=DEVICE == "cuda") if static else None)
     doomed = scheduler.submit([7, 8, 9, EOS], options)
     kept = scheduler.submit([10, 11, EOS], options, return_attention=True)
     scheduler.step()
