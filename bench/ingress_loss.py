@@ -54,8 +54,7 @@ def longest_gap(times: list[float], start: float, end: float) -> float:
 
 def one_count(replicas: int, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
-    config = bench_config(port, None)
-    config["applications"] = config["applications"][:1]
+    config = bench_config(port, None, noop=False)
     application = config["applications"][0]
     (ingress,) = (d for d in application["deployments"] if d["name"] == "Ingress")
     calls_per_model = ingress["num_replicas"] * application["args"]["coalesce_max_calls"]

@@ -1,6 +1,8 @@
-"""A no-op Ray Serve application shaped like ours: the reference for what Ray Serve alone costs.
+"""No-op Ray Serve applications: the reference for what Ray Serve alone costs.
 
-    import_path: bench.noop:app      (bench/service.py adds it to its config at /noop)
+    import_path: bench.noop:app       shaped like ours, an ingress and a deployment behind it (two hops; at /noop
+                                      in bench/service.py's config)
+    import_path: bench.noop:one_hop   the ingress answers itself (one hop; at /noop1): what one hop could save
 """
 
 # No `from __future__ import annotations`: the replica must resolve the body annotation to the
@@ -40,3 +42,24 @@ class EchoIngress:
 
 
 app = EchoIngress.bind(Echo.bind())
+
+
+one_hop_api = FastAPI(title="no-op reference, one hop")
+
+
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.ingress(one_hop_api)
+class EchoOneHop:
+    """The same body read and the same answer as EchoIngress's, without the call behind it."""
+
+    @one_hop_api.post("/v1/translate")
+    async def translate(self, body: TranslateRequest) -> dict:
+        body.decoding_options()
+        return {"model": "noop", "translations": [{"text": text, "target_tokens": []} for text in body.texts]}
+
+    @one_hop_api.get("/readyz")
+    async def readyz(self) -> dict:
+        return {"status": "ready"}
+
+
+one_hop = EchoOneHop.bind()

@@ -4,7 +4,8 @@ and loaded side by side with our service in one run.
     python -m bench.peer build        # .peer/: the venv (PyPI, the only download), CTranslate2 int8 + fp32 of
                                       # model/pretrained/{en-zh,zh-en}, an .argosmodel per direction, installed
     python -m bench.peer verify       # both peers answer POST /translate; translations identical to ours, dev BLEU
-    python -m bench.peer compare      # ours (serve run deploy/serve.yaml) and the two peers, one after the other:
+    python -m bench.peer compare      # ours (serve run deploy/serve.yaml; /v1/translate and the LibreTranslate route
+                                      # with the peer's body) and the two peers, one after the other:
                                       # 400 single-sentence requests and 50 requests of 16 at concurrency 32, beam 4
                                       # and the no-op app beside ours (what Ray Serve alone costs)
     python -m bench.peer compare --ours static continuous int8    # our scheduler and dtype variants, each a run
@@ -38,6 +39,7 @@ from bench import machine, report_command
 from bench.engine import convert_ctranslate2
 from bench.service import (
     DEFAULT_DATA,
+    NOOP_ONE_HOP_PREFIX,
     NOOP_PREFIX,
     RESULTS,
     bench_config,
@@ -82,15 +84,17 @@ OURS = {
     "ingress1": {"ingress_replicas": 1, "coalesce_max_calls": 2},  # one Ingress replica keeping 2 calls out per model
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
+NOOP_ONE_HOP_LABEL = "no-op app, one hop"
+LIBRETRANSLATE_ROUTE = "LT route"
 
 
 def ours_label(name: str) -> str:
     return "ours" if name == "static" else f"ours {name}"
 
 
-def ours_config(name: str, port: int) -> dict:
-    """deploy/serve.yaml (and bench/noop.py at /noop) with OURS[name]'s changes."""
-    config = bench_config(port, None)
+def ours_config(name: str, port: int, noop: bool = False) -> dict:
+    """deploy/serve.yaml (and, with `noop`, bench/noop.py's apps) with OURS[name]'s changes."""
+    config = bench_config(port, None, noop=noop)
     changes = OURS[name]
     application = config["applications"][0]
     for key, value in changes.items():
@@ -596,24 +600,21 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     sentences = read_sentences(args.data, 1000)
     rows: list[dict[str, Any]] = []
     for index, name in enumerate(args.ours):
-        config = ours_config(name, free_port())
-        if index or not args.noop:
-            config["applications"] = config["applications"][:1]  # the no-op app beside the first only
+        config = ours_config(name, free_port(), noop=args.noop and not index)  # the no-op apps beside the first
         with tempfile.TemporaryDirectory(prefix="bench-peer-") as scratch:
             started: list[int] = []
             logger.info("starting serve run deploy/serve.yaml (%s)", name)
             with serve_running(copy.deepcopy(config), Path(scratch), started=started) as url:
-                rows += load_scenarios(ours_label(name), f"{url}/v1/translate", ours_body, started[0], sentences, args)
-                if not index and args.noop:  # what Ray Serve alone costs a one-sentence request
-                    rows += load_scenarios(
-                        NOOP_LABEL,
-                        f"{url}{NOOP_PREFIX}/v1/translate",
-                        ours_body,
-                        started[0],
-                        sentences,
-                        args,
-                        scenarios=("1 sentence",),
-                    )
+                if "v1" in args.routes:
+                    rows += load_scenarios(ours_label(name), f"{url}/v1/translate", ours_body, started[0], sentences,
+                                           args)
+                if "libretranslate" in args.routes:  # the peer's own body and route, served by us
+                    rows += load_scenarios(f"{ours_label(name)} {LIBRETRANSLATE_ROUTE}", f"{url}/translate",
+                                           peer_body, started[0], sentences, args)
+                if not index and args.noop:  # what Ray Serve alone costs a one-sentence request, two hops and one
+                    for label, prefix in ((NOOP_LABEL, NOOP_PREFIX), (NOOP_ONE_HOP_LABEL, NOOP_ONE_HOP_PREFIX)):
+                        rows += load_scenarios(label, f"{url}{prefix}/v1/translate", ours_body, started[0],
+                                               sentences, args, scenarios=("1 sentence",))
     for name in args.peers:
         variant = VARIANTS[name]
         started = []
@@ -638,7 +639,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """ours / peer for each of our variants, each peer and scenario: req/s, p50 (lower is better), sentences/s,
     server CPU per sentence; and each variant's single-sentence CPU against the no-op app's."""
     out = []
-    labels = {ours_label(name) for name in OURS}
+    labels = {ours_label(name) for name in OURS} | {f"{ours_label(name)} {LIBRETRANSLATE_ROUTE}" for name in OURS}
     ours_rows = [row for row in rows if row["service"] in labels]
     for mine in ours_rows:
         for row in rows:
@@ -667,7 +668,7 @@ def ratio(mine: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
                 entry["sentences_per_s"] >= TARGETS["batch_sentences_per_s"]
             )
         }
-    if row["service"] == NOOP_LABEL:
+    if row["service"] in (NOOP_LABEL, NOOP_ONE_HOP_LABEL):
         entry.pop("targets", None)
     return entry
 
@@ -719,7 +720,11 @@ def main(argv: list[str] | None = None) -> int:
         "--noop",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also load bench/noop.py beside the first variant (single sentences): Ray Serve's own cost",
+        help="also load bench/noop.py's apps beside the first variant (single sentences): Ray Serve's own cost",
+    )
+    compare_parser.add_argument(
+        "--routes", nargs="+", default=["v1", "libretranslate"], choices=["v1", "libretranslate"],
+        help="our routes to load: /v1/translate, and the LibreTranslate route with the peer's own body",
     )
     for sub in (verify_parser, compare_parser):
         sub.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the tatoeba en-zh dev TSV")

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 order = ("revision", "working tree") if round_ % 2 == 0 else ("working tree", "revision")
                 for side in order:
-                    config = bench_config(free_port(), None)
+                    config = bench_config(free_port(), None, noop=False)  # the revision may have no no-op apps
                     if args.scheduler:
                         config["applications"][0]["args"]["scheduler"] = args.scheduler
                     with tempfile.TemporaryDirectory(prefix="bench-serve-") as workdir:

@@ -47,6 +47,7 @@ SERVE_CONFIG = REPOSITORY / "deploy" / "serve.yaml"
 DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 RESULTS = REPOSITORY / "bench" / "results"
 NOOP_PREFIX = "/noop"
+NOOP_ONE_HOP_PREFIX = "/noop1"
 TARGETS = {"single_text_vs_noop": 0.6, "batch_tokens_vs_engine": 0.7}
 
 
@@ -99,8 +100,11 @@ def engine_reference(
 
 
 
-def bench_config(port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None) -> dict:
-    """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus the no-op app at /noop."""
+def bench_config(
+    port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None, noop: bool = True
+) -> dict:
+    """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus (`noop`) the no-op apps at /noop
+    (two hops, as ours) and /noop1 (one)."""
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
@@ -110,10 +114,12 @@ def bench_config(port: int, model_paths: dict[str, str] | None, coalesce_max_cal
     for spec in application["args"]["models"]:
         if model_paths and spec["id"] in model_paths:
             spec["path"] = model_paths[spec["id"]]
-    config["applications"] = [
-        application,
-        {"name": "noop", "route_prefix": NOOP_PREFIX, "import_path": "bench.noop:app"},
-    ]
+    config["applications"] = [application]
+    if noop:
+        config["applications"] += [
+            {"name": "noop", "route_prefix": NOOP_PREFIX, "import_path": "bench.noop:app"},
+            {"name": "noop1", "route_prefix": NOOP_ONE_HOP_PREFIX, "import_path": "bench.noop:one_hop"},
+        ]
     return config
 
 
@@ -143,6 +149,7 @@ ROLES = (  # command-line prefix → role, first match wins
     ("ray::ServeReplica:translate:Ingress", "ingress"),
     ("ray::ServeReplica:translate:translator-", "translators"),
     (f"ray::ServeReplica:{NOOP_PREFIX.strip('/')}:", "noop app"),
+    (f"ray::ServeReplica:{NOOP_ONE_HOP_PREFIX.strip('/')}:", "noop app"),
 )
 
 
