@@ -2,7 +2,8 @@
 route or /v1/translate, beam 4, concurrency 32), every Serve process sampled by py-spy meanwhile.
 
     python -m bench.profile_path                          # LibreTranslate route; bench/results/profile-path.json
-    python -m bench.profile_path --route v1 --seconds 20
+    python -m bench.profile_path --route v1 --seconds 20 --keep runs/prof-v1 --output bench/results/profile-path-v1.json
+    python -m bench.profile_path --reclassify --keep runs/prof-v1 --output bench/results/profile-path-v1.json
 
 Each sample is a stack of one thread that was running (py-spy's default: idle threads are not counted). A stage
 is the first frame of a stack that STAGES names, searched from the innermost frame outward, so a sample counts
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import subprocess
@@ -37,6 +39,8 @@ logger = logging.getLogger("bench.profile_path")
 
 # (stage, a substring of a frame "function (file)"), innermost match wins; listed from the engine outwards
 STAGES = (
+    ("waiting (read as running)", "Condition.wait (threading.py"),
+    ("waiting (read as running)", "_worker (concurrent/futures/thread.py"),
     ("decode: encoder", "encoded (model/decoding/search.py"),
     ("decode: search step", "step (model/decoding/scheduler.py"),
     ("build translations", "translations (model/translation.py"),
@@ -54,6 +58,7 @@ STAGES = (
     ("middleware", "service/middleware.py"),
     ("pickle", "pickle"),
     ("ray: serialization", "ray/_private/serialization"),
+    ("ray: core worker (native)", "Worker.main_loop (ray/_private/worker.py"),
     ("serve: router", "ray/serve/_private/router"),
     ("serve: replica", "ray/serve/_private/replica"),
     ("serve: proxy", "ray/serve/_private/proxy"),
@@ -64,6 +69,9 @@ STAGES = (
     ("http server", "starlette"),
     ("http server", "fastapi"),
     ("asyncio", "asyncio/"),
+    ("metrics", "prometheus_client/"),
+    ("metrics", "ray/util/metrics.py"),
+    ("a thread in C code (event loop)", "Thread.run (threading.py"),  # uvloop's loop, gRPC's threads
 )
 
 
@@ -156,7 +164,6 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
                     args.keep.mkdir(parents=True, exist_ok=True)
                     if out.exists():
                         shutil.copy(out, args.keep / out.name)
-    total = sum(sum(c.values()) for c in per_role.values()) or 1
     answered = result["statuses"].get("200", 0)
     report: dict[str, Any] = {
         "command": report_command("bench.profile_path"),
@@ -165,10 +172,28 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         "load": {key: result[key] for key in ("requests", "requests_per_s", "p50_ms", "statuses", "lost")},
         "cpu_ms_per_request": {role: round(1000 * s / answered, 2) for role, s in sorted(used.items())} if answered
         else {},
+    }
+    report.update(stage_tables(per_role))
+    return report
+
+
+def stage_tables(per_role: dict[str, Counter]) -> dict[str, Any]:
+    total = sum(sum(c.values()) for c in per_role.values()) or 1
+    return {
         "samples": {role: dict(c.most_common()) for role, c in per_role.items()},
         "shares": {role: {stage: round(100 * n / total, 1) for stage, n in c.most_common()}
                    for role, c in per_role.items()},
     }
+
+
+def reclassify(report_path: Path, stacks: Path) -> dict[str, Any]:
+    """An earlier report's samples sorted again (after a change to STAGES) from the stacks --keep kept."""
+    report = json.loads(report_path.read_text())
+    per_role: dict[str, Counter] = {}
+    for path in sorted(stacks.glob("*.txt")):
+        role = path.stem.rsplit("-", 1)[0].replace("-", " ")
+        per_role.setdefault(role, Counter()).update(read_collapsed(path))
+    report.update(stage_tables(per_role))
     return report
 
 
@@ -196,10 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--output", help="JSON report (default bench/results/profile-path.json)")
     parser.add_argument("--keep", type=Path, help="a folder to keep py-spy's raw stacks in (one file per process)")
+    parser.add_argument("--reclassify", action="store_true", help="sort --keep's stacks again into --output's report")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     exit_on_sigterm()
+    if args.reclassify:
+        if args.keep is None or args.output is None:
+            parser.error("--reclassify needs --keep (the stacks) and --output (the report to sort again)")
+        report = reclassify(Path(args.output), args.keep)
+        Path(args.output).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        print(format_table(report))
+        return 0
     report = profile(args)
     return close_report(report, args.output, "profile-path.json", format_table)
 
