@@ -186,6 +186,21 @@ class Translator:
                 f"a glossary applied: searched with a beam of {beam} (asked: {options.beam_size}), a place for each "
                 "count of term tokens met")
 
+    def _inputs(
+        self, texts: list[str], source_ids: list[list[int]] | None, terms: list[list[str]] | None
+    ) -> tuple[list[list[int]], list[list[list[int]]]]:
+        """`translate`'s and `submit_all`'s texts checked: their source ids (encoded here unless given) and each
+        one's term ids."""
+        if terms is not None and len(terms) != len(texts):
+            raise InvalidInputError(f"{len(terms)} term lists for {len(texts)} texts")
+        if terms is not None and any(terms) and not self.constrains:
+            raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
+        if source_ids is None:
+            source_ids = self.encode_source(texts)
+        elif len(source_ids) != len(texts):
+            raise InvalidInputError(f"{len(source_ids)} source id lists for {len(texts)} texts")
+        return source_ids, [self.term_ids(t) if t else [] for t in terms or [[] for _ in texts]]
+
     def translate(
         self,
         texts: list[str],
@@ -206,17 +221,8 @@ class Translator:
         `terms`: per text, target terms every translation of it contains (a glossary's, enforced in the search).
         """
         options = decoding_options(options, settings)
-        if terms is not None and len(terms) != len(texts):
-            raise InvalidInputError(f"{len(terms)} term lists for {len(texts)} texts")
-        terms = terms if terms is not None and any(terms) else None
-        if terms is not None and not self.constrains:
-            raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
-        if source_ids is None:
-            source_ids = self.encode_source(texts)
-        elif len(source_ids) != len(texts):
-            raise InvalidInputError(f"{len(source_ids)} source id lists for {len(texts)} texts")
+        source_ids, wanted = self._inputs(texts, source_ids, terms)
         blank = [not text.strip() for text in texts]
-        wanted = [self.term_ids(terms[i]) if terms is not None else [] for i in range(len(texts))]
         nbest: list[list[Hypothesis]] = [[] for _ in texts]
         notes: list[str | None] = [None] * len(texts)
         for constrained in (False, True):  # texts with terms decode apart: their beam may differ
@@ -306,13 +312,7 @@ class Translator:
         if on_token is not None and len(texts) != 1:
             raise ValueError("on_token streams one text")
         options = decoding_options(options, settings)
-        wanted = [self.term_ids(t) if t else [] for t in terms] if terms is not None else [[] for _ in texts]
-        if len(wanted) != len(texts) or (source_ids is not None and len(source_ids) != len(texts)):
-            raise InvalidInputError(f"{len(texts)} texts need as many source id and term lists")
-        if any(wanted) and not self.constrains:
-            raise InvalidInputError("terms need the compiled runtime's search, which this machine could not build")
-        if source_ids is None:
-            source_ids = self.encode_source(texts)
+        source_ids, wanted = self._inputs(texts, source_ids, terms)
         streamed = self._builder.streamed(on_token) if on_token is not None else None
         futures: list[Future | None] = [None] * len(texts)
         requests, queued = [], []
