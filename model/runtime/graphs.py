@@ -113,10 +113,10 @@ class _RowsView:
 
 def rows_step(
     model: Transformer, cache: StaticRows, rows: int, variant: Variant, trimmed: bool = False
-) -> tuple[Tensor, list[Tensor] | None]:
+) -> tuple[Tensor, list[Tensor] | None] | None:
     """One step of `rows` rows, the pending moves first: logits (rows, V) and, under variant.weights, each layer's
-    cross-attention (rows, h, S). Static (not `trimmed`): no host reads, so a CUDA graph can hold it, and the outputs
-    are the cache's `logits` and `weights` buffers."""
+    cross-attention (rows, h, S). `trimmed` returns them; static (not `trimmed`) writes them into the cache's
+    `logits` and `weights` buffers, with no host reads, so that a CUDA graph can hold it."""
     view = _RowsView(cache, rows, trimmed)
     if variant.gather != "none":
         width = view.width
@@ -136,5 +136,4 @@ def rows_step(
     if variant.weights:
         for layer, weights in enumerate(cross_attention):
             cache.weights[layer, :rows].copy_(weights)  # (R, h, S)
-    return cache.logits[:rows], [cache.weights[layer, :rows] for layer in range(cache.layers)] if variant.weights \
-        else None
+    return None
