@@ -31,7 +31,7 @@ import httpx
 
 from bench import close_report, report_command
 from bench.peer import ours_config
-from bench.service import DEFAULT_DATA, ROLES, cpu_seconds, exit_on_sigterm, read_sentences, serve_running
+from bench.service import DEFAULT_DATA, cpu_seconds, exit_on_sigterm, read_sentences, role_of, serve_running
 from tests.harness.loadgen import run_load
 from tests.harness.processes import command_line, free_port, session_pids
 
@@ -100,8 +100,7 @@ def read_collapsed(path: Path) -> Counter:
 def role_pids(session: int) -> dict[str, list[int]]:
     roles: dict[str, list[int]] = {}
     for pid in session_pids(session):
-        command = command_line(pid)
-        role = next((role for prefix, role in ROLES if command.startswith(prefix)), None)
+        role = role_of(command_line(pid))
         if role is not None:
             roles.setdefault(role, []).append(pid)
     return roles

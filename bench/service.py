@@ -153,6 +153,11 @@ ROLES = (  # command-line prefix → role, first match wins
 )
 
 
+def role_of(command: str) -> str | None:
+    """The role (ROLES) of a Serve process by its command line, or None."""
+    return next((role for prefix, role in ROLES if command.startswith(prefix)), None)
+
+
 def cpu_seconds(session_id: int | None) -> Counter:
     """CPU seconds (user + system) so far of this process ("load generator") and, by role, of a serve session."""
     times = os.times()
@@ -162,7 +167,7 @@ def cpu_seconds(session_id: int | None) -> Counter:
             stat = Path(f"/proc/{pid}/stat").read_text()
             command = command_line(pid)
             fields = stat[stat.rindex(")") + 2 :].split()
-            role = next((role for prefix, role in ROLES if command.startswith(prefix)), "ray other")
+            role = role_of(command) or "ray other"
             seconds[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return seconds
 
