@@ -50,6 +50,7 @@ from bench.service import (
 )
 from tests.harness.loadgen import run_load
 from tests.harness.processes import free_port, stop_process_group
+from tests.harness.services import colocated_deployments
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -82,6 +83,7 @@ OURS = {
     "nowait": {"batch_wait_timeout_s": 0},  # a static batch joins without waiting for company
     "ongoing64": {"translator_max_ongoing_requests": 64},  # the translators' max_ongoing_requests before 2026-12-05
     "ingress1": {"ingress_replicas": 1, "coalesce_max_calls": 2},  # one Ingress replica keeping 2 calls out per model
+    "colocated": {"layout": "colocated"},  # both models in each of the two Ingress replicas: one Ray hop
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 NOOP_ONE_HOP_LABEL = "no-op app, one hop"
@@ -105,6 +107,9 @@ def ours_config(name: str, port: int, noop: bool = False) -> dict:
             for deployment in application["deployments"]:
                 if deployment["name"] == "Ingress":
                     deployment["num_replicas"] = value
+        elif key == "layout":
+            application["args"]["layout"] = value
+            application["deployments"] = colocated_deployments(application["deployments"])
         elif key == "translator_max_ongoing_requests":  # a deployment option of every translator
             for deployment in application["deployments"]:
                 if deployment["name"].startswith("translator-"):

@@ -1,6 +1,7 @@
-"""The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model, and the one
-place that mounts the LibreTranslate and DeepL routes (service/compat/). `build_app(args)` is the application
-builder deploy/serve.yaml names (`import_path: service.app:build_app`).
+"""The HTTP ingress: FastAPI routes of REST v1 in front of one translator deployment per model (or of the models
+loaded in-process, the colocated layout), and the one place that mounts the LibreTranslate and DeepL routes
+(service/compat/). `build_app(args)` is the application builder deploy/serve.yaml names
+(`import_path: service.app:build_app`).
 """
 
 import asyncio
@@ -26,7 +27,13 @@ from service.coalescing import Coalescer
 from service.compat import deepl_glossaries, deepl_v2, libretranslate
 from service.compat.backend import LanguagePair, TranslationBackend
 from service.compat.deepl_glossaries import stored
-from service.config import ModelSpec, ServiceConfig, explanation_secret, translator_deployment_name
+from service.config import (
+    ModelSpec,
+    ServiceConfig,
+    explanation_secret,
+    translator_arguments,
+    translator_deployment_name,
+)
 from service.docs import add_offline_docs
 from service.errors import (
     InvalidRequestError,
@@ -130,12 +137,17 @@ async def _handle_error(request: Request, error: Exception) -> Response:
 @serve.deployment  # replicas, max_ongoing_requests and resources: deploy/serve.yaml's `deployments`
 @serve.ingress(api)
 class Ingress:
-    """Routes, model selection, backpressure and timeouts; the models run in the translator deployments.
+    """Routes, model selection, backpressure and timeouts; the models run in the translator deployments (or, in
+    the colocated layout, in this replica, `translators` None).
 
     It is also the TranslationBackend of the compatibility routes (service/compat/backend.py)."""
 
-    def __init__(self, config: dict, translators: dict[str, DeploymentHandle]) -> None:
+    def __init__(self, config: dict, translators: dict[str, DeploymentHandle] | None) -> None:
         self.config = ServiceConfig.model_validate(config)
+        if translators is None:  # the colocated layout: the models load here (service/colocated.py)
+            from service.colocated import colocated_translators
+
+            translators = colocated_translators(translator_arguments(self.config))
         self.metrics = service_metrics(self.config.metrics_dir)
         self.metrics_dir = os.environ[MULTIPROCESS_ENV]
         if self.config.node_metrics_port:  # this node's own scrape target (a multi-node cluster)
@@ -150,8 +162,10 @@ class Ingress:
                 partial(self._send_translations, model),
                 size=lambda call: len(call.texts),
                 # continuous decoding takes every request at once: holding calls back would make a short
-                # request wait behind a long one, which is what the scheduler exists to prevent
-                max_calls=0 if self.config.scheduler == "continuous" else self.config.coalesce_max_calls,
+                # request wait behind a long one, which is what the scheduler exists to prevent; an in-process
+                # call costs nothing to share, and the decode loop's admission batches them anyway
+                max_calls=0 if self.config.scheduler == "continuous" or self.config.layout == "colocated"
+                else self.config.coalesce_max_calls,
                 max_items=self.config.max_batch_size,
             )
             for model in translators
@@ -450,28 +464,16 @@ class Ingress:
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    """The Ray Serve application: the ingress plus one translator deployment per configured model (each told the
-    model translating the other way, if one is served, for the agreed alignment)."""
+    """The Ray Serve application: the ingress plus, in the per_model layout, one translator deployment per
+    configured model; in the colocated layout the ingress loads the models itself."""
+    config = ServiceConfig.model_validate(args or {})
+    if config.layout == "colocated":
+        return Ingress.bind(config.model_dump(), None)
     # here, not at the top: the ingress's replicas import this module, and the translator's imports torch
     from service.deployments import TranslatorDeployment
 
-    config = ServiceConfig.model_validate(args or {})
-
-    def reverse_of(spec: ModelSpec) -> dict | None:
-        pairs = [m for m in config.models if (m.source_lang, m.target_lang) == (spec.target_lang, spec.source_lang)]
-        return pairs[0].model_dump() if pairs else None
-
     translators = {
-        spec.id: TranslatorDeployment.options(name=translator_deployment_name(spec.id)).bind(
-            spec.model_dump(),
-            max_batch_size=config.max_batch_size,
-            batch_wait_timeout_s=config.batch_wait_timeout_s,
-            explanation_secret_env=config.explanation_secret_env,
-            metrics_dir=config.metrics_dir,
-            scheduler=config.scheduler,
-            max_rows=config.max_rows,
-            reverse_spec=reverse_of(spec),
-        )
-        for spec in config.models
+        model: TranslatorDeployment.options(name=translator_deployment_name(model)).bind(**arguments)
+        for model, arguments in translator_arguments(config).items()
     }
     return Ingress.bind(config.model_dump(), translators)

@@ -74,6 +74,14 @@ class ServiceConfig(BaseModel):
     max_rows: int = Field(
         64, ge=1, le=4096, description="Decoder rows in flight per replica (a beam of k takes k rows)."
     )
+    layout: Literal["per_model", "colocated"] = Field(
+        "per_model",
+        description='Where the models run. "per_model": one translator deployment per model (translator-<id>), '
+        "called by the ingress through Ray: two hops a request, each model scaled on its own. \"colocated\": "
+        "every model loads in each Ingress replica and its routes call them in-process: one hop a request, the "
+        "models scaled together with the Ingress (its deployment's only entry in `deployments`; give it the "
+        "CPUs the translators had).",
+    )
     coalesce_max_calls: int = Field(
         2,
         ge=0,
@@ -152,6 +160,29 @@ DEFAULT_EXPLANATION_SECRET = "attention-translate/explanations/v1"
 def explanation_secret(environment_variable: str) -> bytes:
     """The key signing explanation ids, read in each replica from its environment."""
     return os.environ.get(environment_variable, DEFAULT_EXPLANATION_SECRET).encode("utf-8")
+
+
+def translator_arguments(config: ServiceConfig) -> dict[str, dict]:
+    """By model id, what its translator is built with: the spec, the decode loop's settings, and the model
+    translating the other way, if one is served (for the agreed alignment)."""
+
+    def reverse_of(spec: ModelSpec) -> dict | None:
+        pairs = [m for m in config.models if (m.source_lang, m.target_lang) == (spec.target_lang, spec.source_lang)]
+        return pairs[0].model_dump() if pairs else None
+
+    return {
+        spec.id: {
+            "spec": spec.model_dump(),
+            "max_batch_size": config.max_batch_size,
+            "batch_wait_timeout_s": config.batch_wait_timeout_s,
+            "explanation_secret_env": config.explanation_secret_env,
+            "metrics_dir": config.metrics_dir,
+            "scheduler": config.scheduler,
+            "max_rows": config.max_rows,
+            "reverse_spec": reverse_of(spec),
+        }
+        for spec in config.models
+    }
 
 
 def translator_deployment_name(model_id: str) -> str:

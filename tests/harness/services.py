@@ -27,6 +27,7 @@ STARTUP_ATTEMPTS = 3
 API_KEYS = ("test-key-one", "test-key-two")
 ALLOWED_ORIGIN = "https://viewer.example"
 GUARDED_PREFIX = "/guarded"
+COLOCATED_PREFIX = "/colocated"  # the main app's models in the colocated layout (both in its one Ingress replica)
 # The scheduler every test service runs (args.scheduler): static, deploy/serve.yaml's default, unless
 # TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
 TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
@@ -61,6 +62,21 @@ def make_shift_model(tiny_en_zh: Path, root: Path) -> Path:
 
 def _deployment(application: dict, name: str) -> dict:
     return copy.deepcopy(next(d for d in application["deployments"] if d["name"] == name))
+
+
+def colocated_deployments(deployments: list[dict]) -> list[dict]:
+    """A per_model application's `deployments` for the colocated layout: the Ingress alone, as many replicas, each
+    given the CPUs every translator replica had, shared out (two ingress replicas and four translators at 0.5: one
+    CPU each)."""
+    ingress = copy.deepcopy(next(d for d in deployments if d["name"] == "Ingress"))
+    translator_cpus = sum(
+        d.get("num_replicas", 1) * d.get("ray_actor_options", {}).get("num_cpus", 1)
+        for d in deployments
+        if d["name"] != "Ingress"
+    )
+    options = {**ingress.get("ray_actor_options", {}), "num_cpus": translator_cpus / ingress.get("num_replicas", 1)}
+    ingress["ray_actor_options"] = options
+    return [ingress]
 
 
 def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: int) -> dict:
@@ -112,7 +128,18 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     guarded_ingress = _deployment(template, "Ingress")
     guarded_ingress.update(num_replicas=1)  # one replica: its in-flight limit of 1 is the application's
     guarded["deployments"] = [guarded_ingress, guarded_translator]
-    config["applications"] = [main, guarded]
+
+    colocated = copy.deepcopy(main)
+    colocated.update(name="colocated", route_prefix=COLOCATED_PREFIX)
+    colocated["args"].update(
+        layout="colocated",
+        metrics_dir=str(metrics_root / "colocated"),
+        store_url=f"sqlite:///{metrics_root / 'colocated-state.db'}",
+    )
+    colocated_ingress = _deployment(template, "Ingress")
+    colocated_ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
+    colocated["deployments"] = [colocated_ingress]
+    config["applications"] = [main, guarded, colocated]
     return config
 
 

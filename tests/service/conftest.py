@@ -21,6 +21,7 @@ import pytest
 from tests.harness.services import (  # noqa: F401 (some re-exported: the service tests import them from here)
     ALLOWED_ORIGIN,
     API_KEYS,
+    COLOCATED_PREFIX,
     CONTINUOUS,
     GUARDED_PREFIX,
     SHIFT_MODEL,
@@ -85,7 +86,7 @@ def service_launches(
         return ServiceLaunch(
             tmp_path_factory.mktemp("serve"),
             lambda port, metrics: serve_config_for_tests(tiny_models, metrics, port),
-            ("/readyz", f"{GUARDED_PREFIX}/readyz"),
+            ("/readyz", f"{GUARDED_PREFIX}/readyz", f"{COLOCATED_PREFIX}/readyz"),
         )
 
     def continuous() -> ServiceLaunch:
@@ -119,6 +120,12 @@ def continuous_service_url(service_launches: ServiceLaunches) -> str:
 def service_url(serve_instance: dict) -> str:
     """Base URL of the main application (tiny en-zh and zh-en models), e.g. http://127.0.0.1:PORT."""
     return serve_instance["url"]
+
+
+@pytest.fixture(scope="session")
+def colocated_url(serve_instance: dict) -> str:
+    """Base URL of the main application's models in the colocated layout (one Ingress replica loading both)."""
+    return serve_instance["url"] + COLOCATED_PREFIX
 
 
 @pytest.fixture(scope="session")
