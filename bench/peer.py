@@ -41,7 +41,9 @@ from bench.service import (
     DEFAULT_DATA,
     NOOP_ONE_HOP_PREFIX,
     NOOP_PREFIX,
+    PER_MODEL_CONFIG,
     RESULTS,
+    SERVE_CONFIG,
     bench_config,
     cpu_seconds,
     exit_on_sigterm,
@@ -50,7 +52,6 @@ from bench.service import (
 )
 from tests.harness.loadgen import run_load
 from tests.harness.processes import free_port, stop_process_group
-from tests.harness.services import colocated_deployments
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -71,19 +72,22 @@ ARGOS_LENGTH_PENALTY = 0.2  # argostranslate/translate.py apply_packaged_transla
 FINAL_PUNCTUATION = "!?.,;。！？，；"
 TARGETS = {"single_requests_per_s": 1.0, "single_p50_ms": 1.0, "batch_sentences_per_s": 1.2}
 # Our service as deploy/serve.yaml runs it ("static"), and with its scheduler or its models' dtype changed.
-OURS = {
+OURS = {  # deploy/serve.yaml (colocated) changed; "layout": "per_model" starts from deploy/serve-per-model.yaml
     "static": {},
     "continuous": {"scheduler": "continuous"},
     "int8": {"dtype": "int8"},
     "float32": {"dtype": "float32"},  # the exact mode, one setting away from the default (auto: int8 on a CPU)
     "continuous-int8": {"scheduler": "continuous", "dtype": "int8"},
-    "calls2": {"coalesce_max_calls": 2},  # per ingress replica: four calls out per model from the two
-    "calls4": {"coalesce_max_calls": 4},
-    "calls3": {"coalesce_max_calls": 3},
+    "per_model": {"layout": "per_model"},  # a translator deployment per model: two Ray hops a request
+    # the per-model layout's own knobs
+    "calls2": {"layout": "per_model", "coalesce_max_calls": 2},  # per ingress replica: four calls out per model
+    "calls4": {"layout": "per_model", "coalesce_max_calls": 4},
+    "calls3": {"layout": "per_model", "coalesce_max_calls": 3},
     "nowait": {"batch_wait_timeout_s": 0},  # a static batch joins without waiting for company
-    "ongoing64": {"translator_max_ongoing_requests": 64},  # the translators' max_ongoing_requests before 2026-12-05
-    "ingress1": {"ingress_replicas": 1, "coalesce_max_calls": 2},  # one Ingress replica keeping 2 calls out per model
-    "colocated": {"layout": "colocated"},  # both models in each of the two Ingress replicas: one Ray hop
+    # the translators' max_ongoing_requests before 2026-12-05
+    "ongoing64": {"layout": "per_model", "translator_max_ongoing_requests": 64},
+    # one Ingress replica keeping 2 calls out per model
+    "ingress1": {"layout": "per_model", "ingress_replicas": 1, "coalesce_max_calls": 2},
 }
 NOOP_LABEL = "no-op app (Ray Serve alone)"
 NOOP_ONE_HOP_LABEL = "no-op app, one hop"
@@ -95,9 +99,11 @@ def ours_label(name: str) -> str:
 
 
 def ours_config(name: str, port: int, noop: bool = False) -> dict:
-    """deploy/serve.yaml (and, with `noop`, bench/noop.py's apps) with OURS[name]'s changes."""
-    config = bench_config(port, None, noop=noop)
+    """deploy/serve.yaml, or serve-per-model.yaml, (and, with `noop`, bench/noop.py's apps) with OURS[name]'s
+    changes."""
     changes = OURS[name]
+    per_model = changes.get("layout") == "per_model"
+    config = bench_config(port, None, noop=noop, source=PER_MODEL_CONFIG if per_model else SERVE_CONFIG)
     application = config["applications"][0]
     for key, value in changes.items():
         if key == "dtype":  # per model
@@ -107,9 +113,8 @@ def ours_config(name: str, port: int, noop: bool = False) -> dict:
             for deployment in application["deployments"]:
                 if deployment["name"] == "Ingress":
                     deployment["num_replicas"] = value
-        elif key == "layout":
-            application["args"]["layout"] = value
-            application["deployments"] = colocated_deployments(application["deployments"])
+        elif key == "layout":  # the file chosen above
+            continue
         elif key == "translator_max_ongoing_requests":  # a deployment option of every translator
             for deployment in application["deployments"]:
                 if deployment["name"].startswith("translator-"):

@@ -100,11 +100,12 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 order = ("revision", "working tree") if round_ % 2 == 0 else ("working tree", "revision")
                 for side in order:
-                    config = bench_config(free_port(), None, noop=False)  # the revision may have no no-op apps
+                    repository = checkout if side == "revision" else REPOSITORY
+                    # each side as it ships (its own deploy/serve.yaml), without no-op apps it may not have
+                    config = bench_config(free_port(), None, noop=False, source=repository / "deploy" / "serve.yaml")
                     if args.scheduler:
                         config["applications"][0]["args"]["scheduler"] = args.scheduler
                     with tempfile.TemporaryDirectory(prefix="bench-serve-") as workdir:
-                        repository = checkout if side == "revision" else REPOSITORY
                         with serve_running(config, Path(workdir), repository=repository) as url:
                             result = measure(url, sentences, args.beam_size)
                     runs[side].append(result)

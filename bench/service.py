@@ -44,6 +44,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("bench.service")
 
 SERVE_CONFIG = REPOSITORY / "deploy" / "serve.yaml"
+PER_MODEL_CONFIG = REPOSITORY / "deploy" / "serve-per-model.yaml"
 DEFAULT_DATA = REPOSITORY.parent / "shared" / "data" / "tatoeba-en-zh" / "dev.tsv"
 RESULTS = REPOSITORY / "bench" / "results"
 NOOP_PREFIX = "/noop"
@@ -101,11 +102,12 @@ def engine_reference(
 
 
 def bench_config(
-    port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None, noop: bool = True
+    port: int, model_paths: dict[str, str] | None, coalesce_max_calls: int | None = None, noop: bool = True,
+    source: Path = SERVE_CONFIG,
 ) -> dict:
-    """deploy/serve.yaml on loopback at `port`, optionally other model paths, plus (`noop`) the no-op apps at /noop
-    (two hops, as ours) and /noop1 (one)."""
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    """deploy/serve.yaml (or `source`) on loopback at `port`, optionally other model paths, plus (`noop`) the no-op
+    apps at /noop (two hops) and /noop1 (one)."""
+    config = yaml.safe_load(source.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
     application = config["applications"][0]
@@ -301,8 +303,17 @@ def tiny_models(root: Path) -> dict[str, str]:
 
 
 def translator_threads(config: dict) -> int:
-    translator = next(d for d in config["applications"][0]["deployments"] if d["name"] == "translator-en-zh")
+    """The threads of a replica's decode loop: its deployment's num_cpus (the Ingress's, where colocated)."""
+    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
+    translator = deployments.get("translator-en-zh", deployments["Ingress"])
     return max(1, int(translator.get("ray_actor_options", {}).get("num_cpus", 1)))
+
+
+def deployment_names(application: dict) -> list[str]:
+    """The deployments an application of ours builds: the Ingress, and per model a translator unless colocated."""
+    if application["args"].get("layout", "per_model") == "colocated":
+        return ["Ingress"]
+    return ["Ingress", *(f"translator-{spec['id']}" for spec in application["args"]["models"])]
 
 
 def model_path(config: dict, model_id: str = "en-zh") -> str:

@@ -1,4 +1,4 @@
-"""A two-node Ray cluster on this machine serving deploy/serve.yaml, by hand: up, status, down.
+"""A two-node Ray cluster on this machine serving deploy/serve-per-model.yaml, by hand: up, status, down.
 
 python -m scripts.cluster up [--quick] [--workdir DIR]   # head 127.0.0.2, worker 127.0.0.3; prints where it serves
 python -m scripts.cluster status [--workdir DIR]         # nodes, sessions, replicas per node (JSON)

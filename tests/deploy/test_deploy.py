@@ -19,13 +19,16 @@ from service.deployments import TranslatorDeployment
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
+SERVE_PER_MODEL_CONFIG = yaml.safe_load((REPO / "deploy" / "serve-per-model.yaml").read_text())
 SERVE_GPU_CONFIG = yaml.safe_load((REPO / "deploy" / "serve-gpu.yaml").read_text())
 RAY_SERVICE = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice.yaml").read_text())
 RAY_SERVICE_GPU = yaml.safe_load((REPO / "deploy" / "k8s" / "rayservice-gpu.yaml").read_text())
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
 # Each Serve config, and the RayService that embeds it.
-SERVE_CONFIGS = {"serve.yaml": SERVE_CONFIG, "serve-gpu.yaml": SERVE_GPU_CONFIG}
+SERVE_CONFIGS = {
+    "serve.yaml": SERVE_CONFIG, "serve-per-model.yaml": SERVE_PER_MODEL_CONFIG, "serve-gpu.yaml": SERVE_GPU_CONFIG
+}
 PAIRS = {"rayservice.yaml": (RAY_SERVICE, SERVE_CONFIG), "rayservice-gpu.yaml": (RAY_SERVICE_GPU, SERVE_GPU_CONFIG)}
 each_serve_config = pytest.mark.parametrize("serve_config", list(SERVE_CONFIGS.values()), ids=list(SERVE_CONFIGS))
 each_ray_service = pytest.mark.parametrize(("ray_service", "serve_config"), list(PAIRS.values()), ids=list(PAIRS))
@@ -48,8 +51,29 @@ def test_the_serve_config_arguments_are_a_valid_service_config(serve_config):
 def test_the_serve_config_has_settings_for_every_deployment_the_app_builds(serve_config):
     (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
-    expected = {"Ingress", *(translator_deployment_name(m.id) for m in config.models)}
-    assert {d["name"] for d in application["deployments"]} == expected
+    translators = [translator_deployment_name(m.id) for m in config.models] if config.layout == "per_model" else []
+    assert {d["name"] for d in application["deployments"]} == {"Ingress", *translators}
+
+
+def test_the_shipped_config_serves_both_models_in_each_ingress_replica():
+    """deploy/serve.yaml is colocated (one Ray hop a request; docs/decisions.md), its Ingress given the CPUs."""
+    (application,) = SERVE_CONFIG["applications"]
+    assert ServiceConfig.model_validate(application["args"]).layout == "colocated"
+    (ingress,) = application["deployments"]
+    assert ingress["ray_actor_options"]["num_cpus"] >= 1 and ingress["num_replicas"] >= 2
+
+
+def test_the_per_model_config_differs_from_serve_yaml_only_in_its_layout_and_deployments():
+    def without_layout(serve_config: dict) -> dict:
+        config = copy.deepcopy(serve_config)
+        for application in config["applications"]:
+            application["args"].pop("layout")
+            application.pop("deployments")
+        return config
+
+    assert without_layout(SERVE_PER_MODEL_CONFIG) == without_layout(SERVE_CONFIG)
+    (application,) = SERVE_PER_MODEL_CONFIG["applications"]
+    assert application["args"]["layout"] == "per_model"
 
 
 @each_serve_config
@@ -100,8 +124,10 @@ def test_the_rayservice_is_a_kuberay_rayservice(ray_service, serve_config):
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("attention-translate")
 
 
-def test_the_cpu_serve_config_asks_for_no_gpu():
-    assert all(d["ray_actor_options"]["num_gpus"] == 0 for d in translators(SERVE_CONFIG))
+@pytest.mark.parametrize("serve_config", [SERVE_CONFIG, SERVE_PER_MODEL_CONFIG], ids=["serve.yaml", "per-model"])
+def test_the_cpu_serve_configs_ask_for_no_gpu(serve_config):
+    (application,) = serve_config["applications"]
+    assert all(d["ray_actor_options"].get("num_gpus", 0) == 0 for d in application["deployments"])
 
 
 # chosen on a GPU apart from the CPU's: max_batch_size by measurement (bench/gpu/check.py), max_rows to hold such a
@@ -124,17 +150,17 @@ def without_gpu_settings(serve_config: dict) -> list[dict]:
     return applications
 
 
-def test_the_gpu_serve_config_differs_from_serve_yaml_only_in_gpus():
-    assert without_gpu_settings(SERVE_GPU_CONFIG) == without_gpu_settings(SERVE_CONFIG)
+def test_the_gpu_serve_config_differs_from_the_per_model_config_only_in_gpus():
+    assert without_gpu_settings(SERVE_GPU_CONFIG) == without_gpu_settings(SERVE_PER_MODEL_CONFIG)
     assert {k: v for k, v in SERVE_GPU_CONFIG.items() if k != "applications"} == {
-        k: v for k, v in SERVE_CONFIG.items() if k != "applications"
+        k: v for k, v in SERVE_PER_MODEL_CONFIG.items() if k != "applications"
     }
 
 
 def test_the_drift_check_catches_a_changed_argument():
     drifted = copy.deepcopy(SERVE_GPU_CONFIG)
     drifted["applications"][0]["args"]["request_timeout_s"] += 1
-    assert without_gpu_settings(drifted) != without_gpu_settings(SERVE_CONFIG)
+    assert without_gpu_settings(drifted) != without_gpu_settings(SERVE_PER_MODEL_CONFIG)
 
 
 @pytest.mark.parametrize(

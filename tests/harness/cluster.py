@@ -1,4 +1,5 @@
-"""A real multi-node Ray cluster on one machine running deploy/serve.yaml (the scale-out tests, scripts/cluster.py).
+"""A real multi-node Ray cluster on one machine running deploy/serve-per-model.yaml (the scale-out tests,
+scripts/cluster.py).
 Each node runs in its own OS session on its own loopback address and is stopped by session id, never `ray stop`.
 """
 
@@ -23,7 +24,8 @@ import yaml
 from tests.harness.processes import TEST_STOP_GRACE_S, command_line, free_port, serve_environment, session_pids
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-SERVE_CONFIG = REPOSITORY / "deploy" / "serve.yaml"
+# the per-model layout: its tests place an ingress and an en-zh translator on every node
+SERVE_CONFIG = REPOSITORY / "deploy" / "serve-per-model.yaml"
 HEAD_ADDRESS = "127.0.0.2"
 APPLICATION = "translate"
 PER_NODE = ("Ingress", "translator-en-zh")  # one replica on every node
@@ -391,8 +393,8 @@ def cluster_serve_config(
     cluster: Cluster, models: dict[str, str] | None = None, source: Path = SERVE_CONFIG, log_level: str = "WARNING",
     store_url: str | None = None,
 ) -> dict:
-    """deploy/serve.yaml for `cluster`: proxies on every node at the head's proxy port, one ingress and one en-zh
-    translator per node, every node's metrics at its address on cluster.node_metrics_port; `models` replaces
+    """deploy/serve-per-model.yaml for `cluster`: proxies on every node at the head's proxy port, one ingress and one
+    en-zh translator per node, every node's metrics at its address on cluster.node_metrics_port; `models` replaces
     model paths (e.g. the tests' tiny models), `store_url` the glossary store every node shares."""
     config = yaml.safe_load(source.read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0", "port": cluster.head.proxy_port}

@@ -21,7 +21,8 @@ from tests.harness.processes import free_port, serve_environment, stop_process_g
 from tests.harness.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE_CONFIG = REPO / "deploy" / "serve.yaml"
+SERVE_CONFIG = REPO / "deploy" / "serve.yaml"  # the colocated layout
+PER_MODEL_CONFIG = REPO / "deploy" / "serve-per-model.yaml"  # the same service, a translator deployment per model
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVICE_STARTUP_TIMEOUT_S", "480"))
 STARTUP_ATTEMPTS = 3
 API_KEYS = ("test-key-one", "test-key-two")
@@ -64,24 +65,10 @@ def _deployment(application: dict, name: str) -> dict:
     return copy.deepcopy(next(d for d in application["deployments"] if d["name"] == name))
 
 
-def colocated_deployments(deployments: list[dict]) -> list[dict]:
-    """A per_model application's `deployments` for the colocated layout: the Ingress alone, as many replicas, each
-    given the CPUs every translator replica had, shared out (two ingress replicas and four translators at 0.5: one
-    CPU each)."""
-    ingress = copy.deepcopy(next(d for d in deployments if d["name"] == "Ingress"))
-    translator_cpus = sum(
-        d.get("num_replicas", 1) * d.get("ray_actor_options", {}).get("num_cpus", 1)
-        for d in deployments
-        if d["name"] != "Ingress"
-    )
-    options = {**ingress.get("ray_actor_options", {}), "num_cpus": translator_cpus / ingress.get("num_replicas", 1)}
-    ingress["ray_actor_options"] = options
-    return [ingress]
-
-
 def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: int) -> dict:
-    """deploy/serve.yaml with the tiny models and test-sized knobs; its structure is the real one."""
-    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    """deploy/serve-per-model.yaml with the tiny models and test-sized knobs (the main and the guarded app), and
+    deploy/serve.yaml's colocated app on the same models; their structure is the real one."""
+    config = yaml.safe_load(PER_MODEL_CONFIG.read_text())
     template = config["applications"][0]
     config["http_options"] = {**config["http_options"], "host": "127.0.0.1", "port": port}
     config["logging_config"] = {**config.get("logging_config", {}), "log_level": "WARNING"}
@@ -129,14 +116,15 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
     guarded_ingress.update(num_replicas=1)  # one replica: its in-flight limit of 1 is the application's
     guarded["deployments"] = [guarded_ingress, guarded_translator]
 
+    shipped = yaml.safe_load(SERVE_CONFIG.read_text())["applications"][0]
     colocated = copy.deepcopy(main)
     colocated.update(name="colocated", route_prefix=COLOCATED_PREFIX)
     colocated["args"].update(
-        layout="colocated",
+        layout=shipped["args"]["layout"],
         metrics_dir=str(metrics_root / "colocated"),
         store_url=f"sqlite:///{metrics_root / 'colocated-state.db'}",
     )
-    colocated_ingress = _deployment(template, "Ingress")
+    (colocated_ingress,) = copy.deepcopy(shipped["deployments"])
     colocated_ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
     colocated["deployments"] = [colocated_ingress]
     config["applications"] = [main, guarded, colocated]

@@ -1,4 +1,4 @@
-"""deploy/serve.yaml on a real two-node Ray cluster (tests/harness/cluster.py): placement, both proxies, ids
+"""deploy/serve-per-model.yaml on a real two-node Ray cluster (tests/harness/cluster.py): placement, both proxies, ids
 across nodes, per-node metrics summed by a real Prometheus, and the worker node lost under load.
 
 One cluster for the module: head 127.0.0.2 and worker 127.0.0.3, each its own `ray start` in its own OS session,
