@@ -309,13 +309,6 @@ def translator_threads(config: dict) -> int:
     return max(1, int(translator.get("ray_actor_options", {}).get("num_cpus", 1)))
 
 
-def deployment_names(application: dict) -> list[str]:
-    """The deployments an application of ours builds: the Ingress, and per model a translator unless colocated."""
-    if application["args"].get("layout", "per_model") == "colocated":
-        return ["Ingress"]
-    return ["Ingress", *(f"translator-{spec['id']}" for spec in application["args"]["models"])]
-
-
 def model_path(config: dict, model_id: str = "en-zh") -> str:
     spec = next(m for m in config["applications"][0]["args"]["models"] if m["id"] == model_id)
     return os.path.expanduser(os.path.expandvars(spec["path"]))

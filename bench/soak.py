@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 
 from bench import report_command
-from bench.service import DEFAULT_DATA, RESULTS, bench_config, deployment_names, exit_on_sigterm, serve_running
+from bench.service import DEFAULT_DATA, RESULTS, bench_config, exit_on_sigterm, serve_running
+from service.config import ServiceConfig
 from tests.harness.loadgen import exception_kind, translate_bodies
 from tests.harness.processes import command_line, free_port, session_pids
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     config = bench_config(free_port(), None)
     config["applications"] = config["applications"][:1]  # deploy/serve.yaml's app only, without bench's no-op
     application = config["applications"][0]
-    deployments = deployment_names(application)
+    deployments = ServiceConfig.model_validate(application["args"]).deployment_names()
     try:
         soak, samples, models = serve_and_soak(config, deployments, read_pairs(args.data), args)
     except KeyboardInterrupt:

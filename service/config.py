@@ -146,6 +146,12 @@ class ServiceConfig(BaseModel):
         """store_url, or the URL in the store_url_env environment variable when that is set."""
         return os.environ.get(self.store_url_env, "").strip() or self.store_url
 
+    def deployment_names(self) -> list[str]:
+        """The Serve deployments the application builds: the Ingress, and in the per_model layout a translator per
+        model."""
+        translators = [translator_deployment_name(m.id) for m in self.models] if self.layout == "per_model" else []
+        return ["Ingress", *translators]
+
     def resolved_api_keys(self) -> list[str]:
         """Keys from the config plus those in the api_keys_env environment variable."""
         from_env = [key.strip() for key in re.split(r"[,\s]+", os.environ.get(self.api_keys_env, "")) if key.strip()]

@@ -14,7 +14,7 @@ import yaml
 
 from model.loading import resolved_dtype
 from service.app import Ingress, build_app
-from service.config import ServiceConfig, translator_deployment_name
+from service.config import ServiceConfig
 from service.deployments import TranslatorDeployment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +51,7 @@ def test_the_serve_config_arguments_are_a_valid_service_config(serve_config):
 def test_the_serve_config_has_settings_for_every_deployment_the_app_builds(serve_config):
     (application,) = serve_config["applications"]
     config = ServiceConfig.model_validate(application["args"])
-    translators = [translator_deployment_name(m.id) for m in config.models] if config.layout == "per_model" else []
-    assert {d["name"] for d in application["deployments"]} == {"Ingress", *translators}
+    assert {d["name"] for d in application["deployments"]} == set(config.deployment_names())
 
 
 def test_the_shipped_config_serves_both_models_in_each_ingress_replica():
