@@ -9,7 +9,9 @@ import gc
 import json
 import logging
 import os
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -24,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import FileResponse, Response, StreamingResponse
 
 from service.coalescing import Coalescer
-from service.compat import deepl_glossaries, deepl_v2, libretranslate
+from service.compat import deepl_documents, deepl_glossaries, deepl_v2, libretranslate
 from service.compat.backend import LanguagePair, TranslationBackend
 from service.compat.deepl_glossaries import stored
 from service.config import (
@@ -35,6 +37,8 @@ from service.config import (
     translator_deployment_name,
 )
 from service.docs import add_offline_docs
+from service.documents.jobs import DocumentJobs
+from service.documents.worker import DocumentWorker
 from service.errors import (
     InvalidRequestError,
     ModelNotServedError,
@@ -123,6 +127,7 @@ def translation_backend(request: Request) -> TranslationBackend:
 
 api.include_router(libretranslate.router(translation_backend))  # LibreTranslate's API: /translate, /detect, ...
 api.include_router(deepl_glossaries.router(translation_backend))  # DeepL's v2 glossaries
+api.include_router(deepl_documents.router(translation_backend))  # DeepL's v2 documents
 api.include_router(deepl_v2.router(translation_backend))  # DeepL's v2 shape: /v2/translate, /v2/languages, /v2/usage
 
 
@@ -170,7 +175,20 @@ class Ingress:
             )
             for model in translators
         }
-        self._glossaries = Glossaries(Store(self.config.resolved_store_url()))
+        store = Store(self.config.resolved_store_url())
+        self._glossaries = Glossaries(store)
+        documents = self.config.documents
+        self._documents = DocumentJobs(
+            store, documents.expanded_directory, retention_s=documents.retention_s, lease_s=documents.lease_s,
+            max_attempts=documents.max_attempts, max_file_bytes=documents.max_file_bytes,
+            max_characters=documents.max_characters,
+        )
+        self._document_worker = DocumentWorker(
+            self._documents, self, f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
+            documents.workers_per_replica, documents.poll_s,
+        )
+        if documents.workers_per_replica:  # the constructor runs on the replica's event loop
+            self._worker_task = asyncio.get_running_loop().create_task(self._document_worker.run())
         self.in_flight = 0
         self._info: list[dict] | None = None
         self._info_at = 0.0
@@ -264,6 +282,13 @@ class Ingress:
     @property
     def glossaries(self) -> Glossaries:
         return self._glossaries
+
+    @property
+    def documents(self) -> DocumentJobs:
+        return self._documents
+
+    def wake_documents(self) -> None:
+        self._document_worker.wake()
 
     def owner(self, request: Request) -> str:
         return owner_of(presented_key(dict(request.scope["headers"]))) if self.api_keys else ""

@@ -44,6 +44,38 @@ DEFAULT_MODELS = [
 ]
 
 
+class DocumentsConfig(BaseModel):
+    """Document translation (DeepL's /v2/document, LibreTranslate's /translate_file): where files live, how long,
+    and the limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    directory: str = Field(
+        "~/.local/state/attention-translate/documents",
+        description="Where uploaded and translated files live until downloaded or expired; ~ and $VARS expand. "
+        "On a cluster, a directory every node mounts (a ReadWriteMany volume), as the jobs live in the shared store.",
+    )
+    retention_s: float = Field(
+        3600, gt=0, description="A finished (or failed) document is deleted this long after, if not downloaded."
+    )
+    max_file_bytes: int = Field(10 * 2**20, ge=1024, le=2**30, description="Larger uploads answer 413.")
+    max_characters: int = Field(
+        1_000_000, ge=1, description="A document with more characters of text answers 413 on upload."
+    )
+    workers_per_replica: int = Field(
+        2, ge=0, le=64, description="Documents one ingress replica translates at once (0: this replica takes none)."
+    )
+    lease_s: float = Field(
+        60, ge=5, le=3600, description="A job whose replica stops renewing it for this long is taken by another."
+    )
+    max_attempts: int = Field(3, ge=1, le=100, description="Times a job is taken before it is given up as error.")
+    poll_s: float = Field(1.0, gt=0, le=60, description="How often an idle worker looks for queued jobs.")
+
+    @property
+    def expanded_directory(self) -> str:
+        return os.path.expanduser(os.path.expandvars(self.directory))
+
+
 class ServiceConfig(BaseModel):
     """Everything deploy/serve.yaml may set under the application's `args`."""
 
@@ -114,6 +146,7 @@ class ServiceConfig(BaseModel):
     store_url_env: str = Field(
         "TRANSLATE_STORE_URL", description="Environment variable whose URL, when set, replaces store_url."
     )
+    documents: DocumentsConfig = Field(default_factory=DocumentsConfig)
     metrics_dir: str | None = Field(
         None,
         description="prometheus_client multiprocess directory shared by the replicas of one node; node-local "

@@ -80,7 +80,7 @@ class InvalidParameterError(ServiceError):
 
 
 class FileLinkError(ServiceError):
-    """A /download_file/ link (service/compat/file_links.py) malformed, altered or signed with another secret."""
+    """A /download_file/ link that names no kept file: malformed, altered, or expired."""
 
 
 class InvalidGlossaryError(ServiceError):
@@ -93,6 +93,26 @@ class GlossaryNotFoundError(ServiceError):
 
 class GlossaryTooLargeError(ServiceError):
     """A glossary past the entry limit, or a key past its number of glossaries."""
+
+
+class DocumentNotFoundError(ServiceError):
+    """No document with that id and key belongs to the request's key (never made, downloaded, or expired)."""
+
+
+class DocumentNotReadyError(ServiceError):
+    """A document's result asked for before its translation is done."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InvalidDocumentError(ServiceError):
+    """A file of an unsupported format, empty, corrupt, encrypted, or without text."""
+
+
+class DocumentTooLargeError(ServiceError):
+    """A file past the size or character limits of service.config's DocumentsConfig."""
 
 
 class StoreUnavailableError(ServiceError):
@@ -139,6 +159,7 @@ STATUS = (
     (UnauthorizedError, 401, "unauthorized"),
     (ExplanationNotFoundError, 404, "explanation_not_found"),
     (GlossaryNotFoundError, 404, "glossary_not_found"),
+    (DocumentNotFoundError, 404, "document_not_found"),
     (FileLinkError, 404, "file_not_found"),
     (ModelNotServedError, 404, "model_not_found"),
     (UnknownModelError, 404, "model_not_found"),
@@ -146,6 +167,8 @@ STATUS = (
     (BodyTooLargeError, 413, "body_too_large"),
     (InputTooLongError, 413, "input_too_long"),
     (GlossaryTooLargeError, 413, "glossary_too_large"),
+    (DocumentTooLargeError, 413, "document_too_large"),
+    (InvalidDocumentError, 400, "invalid_document"),
     (InvalidGlossaryError, 400, "invalid_glossary"),
     (InvalidRequestError, 422, "invalid_request"),
     (MissingParameterError, 422, "missing_parameter"),
@@ -156,6 +179,7 @@ STATUS = (
     (NotReadyError, 503, "not_ready"),
     (RequestTimeoutError, 504, "timeout"),
     (StoreUnavailableError, 503, "store_unavailable"),
+    (DocumentNotReadyError, 503, "document_not_ready"),
 )
 HEADERS = {UnauthorizedError: {"WWW-Authenticate": "Bearer"}}
 # Ray's ways of saying a replica or actor is gone or its call was cancelled: the model is unavailable.
@@ -308,7 +332,7 @@ def _family_status(family: str, status: int, code: str) -> int:
             return 403
         if code == "overloaded":
             return 429
-        if status in (404, 422) and code not in (*route_errors, "glossary_not_found"):
+        if status in (404, 422) and code not in (*route_errors, "glossary_not_found", "document_not_found"):
             return 400
     return status
 

@@ -29,6 +29,9 @@ OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics", "/health")
 # LibreTranslate's /languages and /frontend/settings need no key there either.
 PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/languages", "/frontend/settings")
 PUBLIC_PREFIXES = ("/static/", "/download_file/")  # a download link is signed: it is its own key
+# Routes that take a file: their bodies may be as large as documents.max_file_bytes, and the form around it.
+UPLOAD_PATHS = ("/v2/document", "/translate_file")
+UPLOAD_OVERHEAD_BYTES = 64 * 1024
 
 
 class BodyLimitReached(StarletteHTTPException):
@@ -175,6 +178,8 @@ class ServiceMiddleware:
         path = route_path(scope)
         family = route_family(path)
         limit = config.max_body_bytes
+        if path in UPLOAD_PATHS:  # a file and its form fields
+            limit = max(limit, config.documents.max_file_bytes + UPLOAD_OVERHEAD_BYTES)
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
         if ingress.api_keys and self._needs_key(path, config.protect_operational_routes):

@@ -1,5 +1,5 @@
-"""The state that outlives a replica (glossaries): one SQL store that every replica on every node shares, an
-embedded SQLite file on one machine or PostgreSQL on a cluster, named by a URL in the deployment's config.
+"""The state that outlives a replica (glossaries, document jobs): one SQL store that every replica on every node
+shares, an embedded SQLite file on one machine or PostgreSQL on a cluster, named by a URL in the deployment's config.
 Every query is parameterised; calls block, so the ingress runs them in a worker thread.
 """
 
@@ -28,6 +28,30 @@ SCHEMA = (
         entries TEXT NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS glossaries_by_owner ON glossaries (owner)",
+    """CREATE TABLE IF NOT EXISTS documents (
+        document_id TEXT PRIMARY KEY,
+        queue TEXT NOT NULL,
+        key_digest TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        status TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        extension TEXT NOT NULL,
+        source_lang TEXT,
+        target_lang TEXT NOT NULL,
+        glossary_id TEXT,
+        created DOUBLE PRECISION NOT NULL,
+        updated DOUBLE PRECISION NOT NULL,
+        lease_owner TEXT,
+        lease_until DOUBLE PRECISION,
+        attempts INTEGER NOT NULL,
+        segments_total INTEGER NOT NULL,
+        segments_done INTEGER NOT NULL,
+        billed_characters INTEGER NOT NULL,
+        seconds_remaining INTEGER,
+        error_message TEXT,
+        expires DOUBLE PRECISION
+    )""",
+    "CREATE INDEX IF NOT EXISTS documents_by_status ON documents (queue, status, created)",
     # bumped by every change, so that a replica's cache knows when to drop what it holds
     "CREATE TABLE IF NOT EXISTS generations (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )
@@ -101,7 +125,7 @@ class Store:
                     self._close()
                     if attempt == 1 or not self._broken(error):
                         logger.error("the %s store failed: %s", self.kind, error)
-                        raise StoreError(f"the glossary store ({self.kind}) is unavailable") from error
+                        raise StoreError(f"the store ({self.kind}) is unavailable") from error
         raise AssertionError("unreachable")
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
@@ -140,8 +164,9 @@ class Store:
 
         return self._run(work)
 
-    def change(self, statements: Sequence[tuple[str, Sequence[Any]]], generation: str) -> list[int]:
-        """Run `statements` in one transaction and bump the generation `generation`; the rows each changed."""
+    def change(self, statements: Sequence[tuple[str, Sequence[Any]]], generation: str | None) -> list[int]:
+        """Run `statements` in one transaction and bump the generation `generation` (None: none); the rows each
+        changed."""
 
         def work(connection: Any) -> list[int]:
             cursor = connection.cursor()
@@ -151,13 +176,14 @@ class Store:
                 for query, parameters in statements:
                     cursor.execute(self._sql(query), tuple(parameters))
                     counts.append(cursor.rowcount)
-                cursor.execute(
-                    self._sql(
-                        "INSERT INTO generations (name, value) VALUES (?, 1) "
-                        "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1"
-                    ),
-                    (generation,),
-                )
+                if generation is not None:
+                    cursor.execute(
+                        self._sql(
+                            "INSERT INTO generations (name, value) VALUES (?, 1) "
+                            "ON CONFLICT (name) DO UPDATE SET value = generations.value + 1"
+                        ),
+                        (generation,),
+                    )
                 cursor.execute("COMMIT")
                 return counts
             except BaseException:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from starlette.requests import Request
 
+from service.documents.jobs import DocumentJobs
 from service.glossaries import Glossaries
 from service.messages import TranslateCall
 from service.records import TranslationRecord
@@ -54,6 +55,15 @@ class TranslationBackend(Protocol):
     @property
     def glossaries(self) -> Glossaries:
         """The glossaries every replica shares."""
+        ...
+
+    @property
+    def documents(self) -> DocumentJobs:
+        """The document jobs every replica shares."""
+        ...
+
+    def wake_documents(self) -> None:
+        """A document was queued: this replica's worker looks for it now."""
         ...
 
     def owner(self, request: Request) -> str:

@@ -6,19 +6,19 @@
 # carry their annotations as objects (Request), not as names FastAPI would look up in a pickled copy's globals.
 from pathlib import PurePath
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
-from service.compat.deepl_glossaries import glossary_for
-from service.compat.file_links import decode_file_link, encode_file_link
+from service.compat.deepl_documents import attachment, read_upload
+from service.compat.deepl_glossaries import glossary_for, stored
 from service.compat.translation import (
     COMPAT_MAX_TEXT_CHARS,
     detect_texts,
     request_fields,
+    resolve_source,
     resolve_target,
     served_languages,
     targets_of,
@@ -27,10 +27,18 @@ from service.compat.translation import (
     trust_headers,
     trust_mode,
 )
-from service.errors import InvalidParameterError, MissingParameterError, json_response
+from service.documents.formats import FORMATS
+from service.documents.worker import detect_language, translate_document
+from service.errors import (
+    DocumentNotFoundError,
+    FileLinkError,
+    InvalidParameterError,
+    MissingParameterError,
+    json_response,
+)
 from service.text.languages import name_of
 
-FILE_FORMATS = [".txt"]  # what /translate_file accepts (LibreTranslate's supportedFilesFormat)
+FILE_FORMATS = list(FORMATS)  # what /translate_file accepts (LibreTranslate's supportedFilesFormat)
 
 
 def _required(fields: dict[str, Any], name: str) -> Any:
@@ -142,7 +150,8 @@ def router(backend: BackendProvider) -> APIRouter:
 
     @routes.post("/translate_file")
     async def translate_file(request: Request) -> Response:
-        """A UTF-8 .txt file translated as one text; the answer links to the translated file."""
+        """A file of FILE_FORMATS translated in the request, its structure kept (service/documents); the answer
+        links to the translated file, of the same type, kept for documents.retention_s."""
         form = await request.form()
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -158,26 +167,33 @@ def router(backend: BackendProvider) -> APIRouter:
             raise InvalidParameterError("Invalid request: empty file")
         if PurePath(name).suffix.lower() not in FILE_FORMATS:
             raise InvalidParameterError("Invalid request: file format not supported")
-        try:
-            text = (await upload.read()).decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise InvalidParameterError("Invalid request: the file is not UTF-8 text") from None
-        text_list(text, "file")  # LibreTranslate's character limit
         service = backend(request)
-        (result,) = await translate_texts(service, [text], None if source.lower() == "auto" else source, target)
-        stem = PurePath(name).stem
-        link = encode_file_link(f"{stem}_{resolve_target(service, target)}.txt", result.text, service.signing_secret)
-        return json_response({"translatedFileUrl": f"{str(request.base_url).rstrip('/')}/download_file/{link}"})
+        jobs = service.documents
+        target_code = resolve_target(service, target)
+        document, _ = await read_upload(upload, name, jobs.max_file_bytes, jobs.max_characters)
+        source_code = (
+            await detect_language(service, document) if source.lower() == "auto" else resolve_source(service, source)
+        )
+        translations = await translate_document(service, document.segments, source_code, target_code, None)
+        data = document.render(translations)
+        path = PurePath(name)
+        filename = f"{path.stem}_{target_code}{path.suffix}"
+        document_id, key = await stored(lambda: jobs.store_result(
+            service.owner(request), filename, path.suffix.lower(), data, document.characters
+        ))
+        link = f"{str(request.base_url).rstrip('/')}/download_file/{document_id}.{key}"
+        return json_response({"translatedFileUrl": link})
 
     @routes.get("/download_file/{file_id}")
     async def download_file(request: Request, file_id: str) -> Response:
-        """The translated file a /translate_file link names, as an attachment."""
-        filename, text = decode_file_link(file_id, backend(request).signing_secret)
-        fallback = filename.encode("ascii", "replace").decode("ascii").replace("?", "_").replace('"', "_")
-        disposition = f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename)}"
-        return Response(
-            text.encode("utf-8"), media_type="text/plain; charset=utf-8", headers={"Content-Disposition": disposition}
-        )
+        """The translated file a /translate_file link names, as an attachment, until it expires."""
+        document_id, _, key = file_id.partition(".")
+        service = backend(request)
+        try:
+            job, data = await stored(lambda: service.documents.read_result(document_id, key))
+        except DocumentNotFoundError:
+            raise FileLinkError("Invalid filename") from None
+        return attachment(job.filename, data, job.extension)
 
     @routes.get("/health")
     async def health() -> Response:

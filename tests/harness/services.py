@@ -29,6 +29,7 @@ API_KEYS = ("test-key-one", "test-key-two")
 ALLOWED_ORIGIN = "https://viewer.example"
 GUARDED_PREFIX = "/guarded"
 COLOCATED_PREFIX = "/colocated"  # the main app's models in the colocated layout (both in its one Ingress replica)
+SHIPPED_PREFIX = "/shipped"  # beside the continuous app: the shipped en-zh as deploy/serve.yaml serves it
 # The scheduler every test service runs (args.scheduler): static, deploy/serve.yaml's default, unless
 # TRANSLATE_TEST_SCHEDULER=continuous runs the whole service suite on the continuous one.
 TEST_SCHEDULER = os.environ.get("TRANSLATE_TEST_SCHEDULER")
@@ -86,6 +87,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         batch_wait_timeout_s=0.05,
         metrics_dir=str(metrics_root / "translate"),
         store_url=TEST_STORE_URL or f"sqlite:///{metrics_root / 'translate-state.db'}",
+        documents={"directory": str(metrics_root / "translate-documents"), "poll_s": 0.2},
     )
     if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
         main["args"]["scheduler"] = TEST_SCHEDULER
@@ -109,6 +111,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         cors_origins=[ALLOWED_ORIGIN],
         metrics_dir=str(metrics_root / "guarded"),
         store_url=f"sqlite:///{metrics_root / 'guarded-state.db'}",
+        documents={"directory": str(metrics_root / "guarded-documents"), "poll_s": 0.2},
     )
     guarded_translator = _deployment(template, "translator-en-zh")
     guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
@@ -123,6 +126,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         layout=shipped["args"]["layout"],
         metrics_dir=str(metrics_root / "colocated"),
         store_url=f"sqlite:///{metrics_root / 'colocated-state.db'}",
+        documents={"directory": str(metrics_root / "colocated-documents"), "poll_s": 0.2},
     )
     (colocated_ingress,) = copy.deepcopy(shipped["deployments"])
     colocated_ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
@@ -139,12 +143,14 @@ SHIFT_MODEL = "en-zh-shift"
 
 
 def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, port: int) -> dict:
-    """The test config's main application alone, on `scheduler: continuous` with the shipped and the shift model
-    beside the tiny ones (one replica each)."""
+    """The test config's main application on `scheduler: continuous` with the shipped and the shift model beside
+    the tiny ones (one replica each); beside it at SHIPPED_PREFIX, deploy/serve.yaml's app on the shipped en-zh
+    alone (its defaults: int8, colocated, one replica here)."""
     config = serve_config_for_tests(models, metrics_root, port)
     main = config["applications"][0]
     main["args"].update({"scheduler": "continuous", "max_rows": 8})
     main["args"]["store_url"] = f"sqlite:///{metrics_root / 'continuous-state.db'}"
+    main["args"]["documents"] = {"directory": str(metrics_root / "continuous-documents"), "poll_s": 0.2}
     for model_id, path in ((SHIPPED_MODEL, "en-zh"), (SHIFT_MODEL, str(models[SHIFT_MODEL]))):
         main["args"]["models"].append(
             {"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh", "dtype": "float32"}
@@ -152,7 +158,17 @@ def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, por
         main["deployments"].append(
             {"name": f"translator-{model_id}", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
         )
-    config["applications"] = [main]
+    shipped = copy.deepcopy(yaml.safe_load(SERVE_CONFIG.read_text())["applications"][0])
+    shipped.update(name="shipped", route_prefix=SHIPPED_PREFIX)
+    shipped["args"].update(
+        models=[{"id": "en-zh", "path": "en-zh", "source_lang": "en", "target_lang": "zh"}],
+        metrics_dir=str(metrics_root / "shipped"),
+        store_url=f"sqlite:///{metrics_root / 'shipped-state.db'}",
+        documents={"directory": str(metrics_root / "shipped-documents"), "poll_s": 0.2},
+    )
+    (ingress,) = shipped["deployments"]
+    ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
+    config["applications"] = [main, shipped]
     return config
 
 

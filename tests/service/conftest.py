@@ -12,6 +12,8 @@ Both start when the first is asked for, so that their startups overlap.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tests.harness.services import (  # noqa: F401 (some re-exported: the servic
     GUARDED_PREFIX,
     SHIFT_MODEL,
     SHIPPED_MODEL,
+    SHIPPED_PREFIX,
     ServiceLaunch,
     ServiceLaunches,
     continuous_config_for_tests,
@@ -33,6 +36,8 @@ from tests.harness.services import (  # noqa: F401 (some re-exported: the servic
     make_tiny_models,
     serve_config_for_tests,
 )
+
+TEST_POSTGRES_URL = os.environ.get("TRANSLATE_TEST_POSTGRES_URL")
 
 # Tests of the static batcher's own behaviour (batches, coalesced calls, their metrics).
 static_batcher_only = pytest.mark.skipif(CONTINUOUS, reason="the static policy's batches and the ingress's coalescing")
@@ -71,6 +76,17 @@ class Tolerance:
 
 # The fixtures below that use each service; a test that uses one needs it started.
 SERVICE_FIXTURES = ("serve_instance", "continuous_service_url")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """The shared store on both its databases: a fresh SQLite file, and the real PostgreSQL .ci/run starts (named by
+    TRANSLATE_TEST_POSTGRES_URL, shared by the whole run: tests keep to their own owners and directories)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    if TEST_POSTGRES_URL is None:
+        pytest.skip("TRANSLATE_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    return TEST_POSTGRES_URL
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +130,20 @@ def continuous_service_url(service_launches: ServiceLaunches) -> str:
     model (one start instead of one per suite): the tiny models first (a pair's default model is its first),
     then SHIPPED_MODEL and SHIFT_MODEL (the tiny en-zh with "alignment_shift": true)."""
     return service_launches.ready("continuous_service_url")[0]
+
+
+@pytest.fixture(scope="session")
+def shipped_url(continuous_service_url: str) -> str:
+    """Base URL of deploy/serve.yaml's application on the shipped en-zh alone (beside the continuous one)."""
+    url = continuous_service_url + SHIPPED_PREFIX
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not become ready")
 
 
 @pytest.fixture(scope="session")

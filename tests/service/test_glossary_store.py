@@ -5,7 +5,6 @@ first is closed is a restart.
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 
@@ -15,37 +14,27 @@ from service.errors import GlossaryNotFoundError, GlossaryTooLargeError, Invalid
 from service.glossaries import MAX_ENTRIES_BYTES, Glossaries, owner_of, parse_entries
 from service.store import Store, StoreError
 
-POSTGRES_URL = os.environ.get("TRANSLATE_TEST_POSTGRES_URL")
 ENTRIES = parse_entries("cat\t猫\ntea ceremony\t茶道\n", "tsv")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    if POSTGRES_URL is None:
-        pytest.skip("TRANSLATE_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    return POSTGRES_URL
 
 
 def owner() -> str:
     return owner_of(f"key-{uuid.uuid4()}")  # a fresh key per test: the PostgreSQL database is shared
 
 
-def test_a_glossary_outlives_a_restart_and_every_replica_reads_it(url):
+def test_a_glossary_outlives_a_restart_and_every_replica_reads_it(store_url):
     me = owner()
-    first = Glossaries(Store(url))
+    first = Glossaries(Store(store_url))
     made = first.create(me, "UI terms", "en", "zh", ENTRIES)
     first.store.close()
-    for replica in (Glossaries(Store(url)), Glossaries(Store(url))):
+    for replica in (Glossaries(Store(store_url)), Glossaries(Store(store_url))):
         found = replica.get(me, made.glossary_id)
         assert found.entries == ENTRIES and found.info() == made.info()
         assert [g["glossary_id"] for g in replica.list(me)] == [made.glossary_id]
 
 
-def test_a_replica_that_cached_a_glossary_sees_another_replica_delete_it(url):
+def test_a_replica_that_cached_a_glossary_sees_another_replica_delete_it(store_url):
     me = owner()
-    one, two = Glossaries(Store(url)), Glossaries(Store(url))
+    one, two = Glossaries(Store(store_url)), Glossaries(Store(store_url))
     made = one.create(me, "g", "en", "zh", ENTRIES)
     assert one.get(me, made.glossary_id).entries == ENTRIES  # now in one's cache
     two.delete(me, made.glossary_id)
@@ -55,9 +44,9 @@ def test_a_replica_that_cached_a_glossary_sees_another_replica_delete_it(url):
         two.delete(me, made.glossary_id)
 
 
-def test_a_glossary_belongs_to_the_key_that_made_it(url):
+def test_a_glossary_belongs_to_the_key_that_made_it(store_url):
     me, other = owner(), owner()
-    glossaries = Glossaries(Store(url))
+    glossaries = Glossaries(Store(store_url))
     made = glossaries.create(me, "mine", "en", "zh", ENTRIES)
     assert glossaries.list(other) == []
     with pytest.raises(GlossaryNotFoundError):
@@ -67,9 +56,9 @@ def test_a_glossary_belongs_to_the_key_that_made_it(url):
     assert glossaries.get(me, made.glossary_id).name == "mine"
 
 
-def test_replicas_creating_at_once_lose_nothing(url):
+def test_replicas_creating_at_once_lose_nothing(store_url):
     me = owner()
-    replicas = [Glossaries(Store(url)) for _ in range(4)]
+    replicas = [Glossaries(Store(store_url)) for _ in range(4)]
     made: list[str] = []
 
     def create(replica: Glossaries, index: int) -> None:
@@ -84,9 +73,9 @@ def test_replicas_creating_at_once_lose_nothing(url):
     assert sorted(g["glossary_id"] for g in replicas[0].list(me)) == sorted(made) and len(made) == 20
 
 
-def test_names_and_entries_are_stored_as_given_through_parameterised_queries(url):
+def test_names_and_entries_are_stored_as_given_through_parameterised_queries(store_url):
     me = owner()
-    glossaries = Glossaries(Store(url))
+    glossaries = Glossaries(Store(store_url))
     hostile = parse_entries("'); DROP TABLE glossaries; --\t引号\nRobert'); --\t鲍比\n", "tsv")
     made = glossaries.create(me, "x'); DELETE FROM glossaries; --", "en", "zh", hostile)
     assert glossaries.get(me, made.glossary_id).entries == hostile

@@ -1,13 +1,15 @@
 """LibreTranslate's POST /translate_file and the /download_file/ link it answers, on the running service.
 
 The client is libretranslate-aio's translate_file (it sends the multipart body LibreTranslate's web page
-sends); the oracle for the file's contents is POST /translate with the same text.
+sends); the oracle for the file's contents is POST /translate with the same text, and for a .docx or .html
+what python-docx and Python's html.parser read back.
 """
 
 from __future__ import annotations
 
 import io
 
+import docx
 import httpx
 import libretranslate_aio
 import pytest
@@ -53,7 +55,8 @@ def test_auto_detects_the_files_language(client):
         ({"target": "zh"}, {"file": ("a.txt", b"Hi", "text/plain")}, "missing source parameter"),
         ({"source": "en", "target": "zh"}, {"file": ("a.pdf", b"%PDF", "application/pdf")}, "not supported"),
         ({"source": "en", "target": "zh"}, {"file": ("a.txt", b"\xff\xfe\x00bad", "text/plain")}, "UTF-8"),
-        ({"source": "en", "target": "zh"}, {"file": ("a.txt", b"a" * 20_001, "text/plain")}, "exceeds text limit"),
+        ({"source": "en", "target": "zh"}, {"file": ("a.docx", b"PK\x03\x04", "application/zip")}, "not a valid"),
+        ({"source": "en", "target": "zh"}, {"file": ("a.txt", b" \n", "text/plain")}, "no text"),
         ({"source": "en", "target": "de"}, {"file": ("a.txt", b"Hi", "text/plain")}, "de is not supported"),
     ],
 )
@@ -63,18 +66,61 @@ def test_bad_uploads_are_400_with_libretranslates_error_shape(client, data, file
     assert set(response.json()) == {"error"} and fragment in response.json()["error"]
 
 
-def test_an_altered_link_is_refused(client):
+def test_an_altered_or_unknown_link_is_refused(client):
     files = {"file": ("a.txt", b"I like tea.", "text/plain")}
     url = client.post("/translate_file", data={"source": "en", "target": "zh"}, files=files).json()["translatedFileUrl"]
     link = url.rsplit("/", 1)[1]
+    assert client.get(f"/download_file/{link}").status_code == 200
+    assert client.get(f"/download_file/{link}").status_code == 200  # kept for more downloads until it expires
     altered = link[:-2] + ("AA" if link[-2:] != "AA" else "BB")
-    response = client.get(f"/download_file/{altered}")
-    assert response.status_code == 400 and response.json() == {"error": "Invalid filename"}
+    for bad in (altered, "nothing", "x.y", link.split(".")[0]):
+        response = client.get(f"/download_file/{bad}")
+        assert response.status_code == 400 and response.json() == {"error": "Invalid filename"}
 
 
-def test_the_frontend_settings_announce_text_files(client):
+def test_the_frontend_settings_announce_the_document_formats(client):
     settings = client.get("/frontend/settings").json()
-    assert settings["filesTranslation"] is True and settings["supportedFilesFormat"] == [".txt"]
+    assert settings["filesTranslation"] is True
+    assert {".txt", ".docx", ".html", ".srt"} <= set(settings["supportedFilesFormat"])
+
+
+def test_a_docx_comes_back_a_docx_with_its_paragraphs_and_table(service_url, client, tmp_path):
+    document = docx.Document()
+    for text in ("I like tea.", "We went to school today."):
+        document.add_paragraph(text)
+    document.add_table(rows=1, cols=2).rows[0].cells[1].text = "Thank you."
+    document.save(tmp_path / "notes.docx")
+    with libretranslate_aio.LibreTranslate(service_url) as api:
+        url = api.translate_file(tmp_path / "notes.docx", source="en", target="zh").translated_file_url
+    download = client.get(url)
+    assert download.status_code == 200
+    assert download.headers["content-type"].startswith("application/vnd.openxmlformats")
+    assert 'filename="notes_zh.docx"' in download.headers["content-disposition"]
+    result = docx.Document(io.BytesIO(download.content))
+    expected = [translated_text(client, text) for text in ("I like tea.", "We went to school today.")]
+    assert [p.text for p in result.paragraphs] == expected
+    assert [c.text for c in result.tables[0]._cells] == ["", translated_text(client, "Thank you.")]
+
+
+@pytest.mark.parametrize(
+    "name, content, media",
+    [
+        ("page.html", b"<html><body><p>I like <b>tea</b>.</p></body></html>", "text/html"),
+        ("film.srt", b"1\n00:00:01,000 --> 00:00:02,000\nI like tea.\n", "application/x-subrip"),
+    ],
+)
+def test_html_and_subtitles_come_back_in_their_type(client, name, content, media):
+    files = {"file": (name, content, "application/octet-stream")}
+    response = client.post("/translate_file", data={"source": "en", "target": "zh"}, files=files)
+    assert response.status_code == 200, response.text
+    download = client.get(response.json()["translatedFileUrl"])
+    assert download.headers["content-type"].startswith(media)
+    if name.endswith(".html"):
+        expected = client.post("/translate", json={"q": content.decode(), "source": "en", "target": "zh",
+                                                   "format": "html"}).json()["translatedText"]
+        assert download.text == expected
+    else:
+        assert download.text == "1\n00:00:01,000 --> 00:00:02,000\n" + translated_text(client, "I like tea.") + "\n"
 
 
 def test_a_key_in_the_multipart_body_is_accepted_and_a_link_needs_none(guarded_url, client, tmp_path):
@@ -88,10 +134,6 @@ def test_a_key_in_the_multipart_body_is_accepted_and_a_link_needs_none(guarded_u
             # the guarded app's batch wait exceeds its timeout (conftest.py): the key passes, then the model times out
             with pytest.raises(libretranslate_aio.ServerError):  # LibreTranslate's 500, not 400 or 403
                 api.translate_file(path, source="en", target="zh")
-        # a link made by the other application (same signing secret) opens here without any key: nothing is stored
-        upload = {"file": ("a.txt", b"I like tea.", "text/plain")}
-        url = client.post("/translate_file", data={"source": "en", "target": "zh"}, files=upload).json()[
-            "translatedFileUrl"
-        ]
-        download = guarded.get("/download_file/" + url.rsplit("/", 1)[1])
-        assert download.status_code == 200 and download.text == translated_text(client, "I like tea.")
+        # a link is its own key: without an API key, an unknown one is refused as a link, not for the key
+        response = guarded.get(f"/download_file/{'A' * 32}.{'B' * 64}")
+        assert response.status_code == 400 and response.json() == {"error": "Invalid filename"}

@@ -1,0 +1,164 @@
+"""The document formats read into segments and written back: files made by their own libraries (python-docx),
+read again by them after a round trip, structure and formatting compared run by run."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import docx
+import pytest
+from docx.oxml import parse_xml
+from docx.oxml.ns import nsdecls
+
+from service.documents.formats import DocumentError, read_document, runs_markup, split_runs
+
+
+def word(build) -> bytes:
+    document = docx.Document()
+    build(document)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def runs(document) -> list[list[tuple[str, bool | None, bool | None]]]:
+    return [[(r.text, r.bold, r.italic) for r in p.runs] for p in document.paragraphs]
+
+
+def mixed(document) -> None:
+    paragraph = document.add_paragraph("Press ")
+    paragraph.add_run("Save").bold = True
+    paragraph.add_run(" or ")
+    paragraph.add_run("Cancel").italic = True
+    paragraph.add_run(" & go <on>.")
+    document.add_paragraph("Plain text.")
+    table = document.add_table(rows=1, cols=2)
+    table.rows[0].cells[0].text = "Left"
+    table.rows[0].cells[1].text = "Right"
+
+
+def test_a_docx_written_back_unchanged_reads_as_the_original():
+    data = word(mixed)
+    document = read_document(data, ".docx")
+    again = docx.Document(io.BytesIO(document.render([s.text for s in document.segments])))
+    original = docx.Document(io.BytesIO(data))
+    assert runs(again) == runs(original)
+    assert [c.text for c in again.tables[0]._cells] == ["Left", "Right"]
+
+
+def test_runs_of_other_styles_travel_as_spans_and_come_back_in_their_style():
+    document = read_document(word(mixed), ".docx")
+    assert document.segments[0].html and document.segments[0].text.count("<span") == 2
+    assert "&amp; go &lt;on&gt;." in document.segments[0].text
+    translations = [s.text for s in document.segments]
+    translations[0] = '<span data-run="2">取消</span>或按<span data-run="1">保存</span> &amp; 走'
+    result = docx.Document(io.BytesIO(document.render(translations)))
+    assert runs(result)[0] == [("取消", None, True), ("或按", None, None), ("保存", True, None), (" & 走", None, None)]
+
+
+def test_a_paragraph_with_a_hyperlink_has_each_text_node_translated_in_place():
+    def build(document):
+        paragraph = document.add_paragraph("See ")
+        link = parse_xml(
+            f'<w:hyperlink {nsdecls("w", "r")} r:id="rId99"><w:r><w:t>the manual</w:t></w:r></w:hyperlink>'
+        )
+        paragraph._p.append(link)
+        paragraph.add_run(" now.")
+
+    document = read_document(word(build), ".docx")
+    assert [s.text for s in document.segments] == ["See", "the manual", "now."]
+    result = docx.Document(io.BytesIO(document.render(["看", "手册", "现在。"])))
+    xml = result.paragraphs[0]._p.xml
+    assert "w:hyperlink" in xml and "手册" in xml
+    assert result.paragraphs[0]._p.xpath("string(.)") == "看 手册 现在。"
+
+
+def test_headers_and_footers_are_segments():
+    def build(document):
+        document.sections[0].header.paragraphs[0].text = "Top"
+        document.sections[0].footer.paragraphs[0].text = "Bottom"
+        document.add_paragraph("Body")
+
+    document = read_document(word(build), ".docx")
+    assert sorted(s.text for s in document.segments) == ["Body", "Bottom", "Top"]
+
+
+def test_split_runs_reads_back_what_runs_markup_wrote():
+    pieces = [(0, "a < b "), (1, "& c"), (0, " d")]
+    assert split_runs(runs_markup(pieces, 0), 0) == pieces
+
+
+def test_subtitles_with_a_byte_order_mark_and_crlf_keep_their_timings():
+    data = "\ufeff1\r\n00:00:01,000 --> 00:00:02,000\r\nHello.\r\n\r\n2\r\n00:00:03,000 --> 00:00:04,500\r\n\r\n"
+    document = read_document(data.encode(), ".srt")
+    assert [s.text for s in document.segments] == ["Hello."]
+    assert document.render(["你好。"]).decode() == (
+        "1\n00:00:01,000 --> 00:00:02,000\n你好。\n\n2\n00:00:03,000 --> 00:00:04,500\n"
+    )
+
+
+def test_a_text_file_keeps_its_blank_lines_indentation_and_line_endings():
+    document = read_document(b"  One.\r\n\r\nTwo.", ".txt")
+    assert [s.text for s in document.segments] == ["One.", "Two."]
+    assert document.render(["一。", "二。"]) == "  一。\r\n\r\n二。".encode()
+
+
+def bomb() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("word/document.xml", b"\0" * (257 * 2**20))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "data, extension, fragment",
+    [
+        (b"not a zip", ".docx", "not a valid .docx"),
+        (bomb(), ".docx", "expands past"),
+        (word(lambda d: None), ".docx", "no text"),
+        (b"", ".srt", "empty"),
+        (b"x", ".pdf", "not a supported format"),
+    ],
+)
+def test_unreadable_files_say_why(data, extension, fragment):
+    with pytest.raises(DocumentError, match=fragment):
+        read_document(data, extension)
+
+
+def test_a_zip_that_is_not_a_word_file_says_so():
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("hello.txt", "hi")
+    with pytest.raises(DocumentError, match="not a valid .docx"):
+        read_document(out.getvalue(), ".docx")
+
+
+def with_footnote(data: bytes) -> bytes:
+    """A python-docx file with a footnotes part added by hand (python-docx cannot make one)."""
+    main = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+    notes = f'<w:footnotes {main}><w:footnote w:id="1"><w:p><w:r><w:t>A note.</w:t></w:r></w:p></w:footnote>' \
+        "</w:footnotes>"
+    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for item in source.infolist():
+            content = source.read(item.filename)
+            if item.filename == "[Content_Types].xml":
+                content = content.replace(b"</Types>", b'<Override PartName="/word/footnotes.xml" ContentType="'
+                                          b'application/vnd.openxmlformats-officedocument.wordprocessingml.footnotes'
+                                          b'+xml"/></Types>')
+            if item.filename == "word/_rels/document.xml.rels":
+                content = content.replace(b"</Relationships>", b'<Relationship Id="rId99" Type="http://schemas.'
+                                          b'openxmlformats.org/officeDocument/2006/relationships/footnotes" Target='
+                                          b'"footnotes.xml"/></Relationships>')
+            archive.writestr(item, content)
+        archive.writestr("word/footnotes.xml", notes)
+    return out.getvalue()
+
+
+def test_footnotes_are_segments_and_written_back():
+    document = read_document(with_footnote(word(lambda d: d.add_paragraph("Body text."))), ".docx")
+    assert [s.text for s in document.segments] == ["Body text.", "A note."]
+    rendered = document.render(["正文。", "一个注释。"])
+    assert "一个注释。" in zipfile.ZipFile(io.BytesIO(rendered)).read("word/footnotes.xml").decode("utf-8")
+    assert docx.Document(io.BytesIO(rendered)).paragraphs[0].text == "正文。"

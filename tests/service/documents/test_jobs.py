@@ -1,0 +1,119 @@
+"""Document jobs on the two stores (an embedded SQLite file and a real PostgreSQL, as tests/service/
+test_glossary_store.py): two DocumentJobs on one store and directory are two replicas, a new one a restart."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from service.documents.jobs import DocumentJobs
+from service.errors import DocumentNotFoundError, DocumentNotReadyError
+from service.store import Store
+
+
+def replica(store_url: str, directory, lease_s: float = 60, max_attempts: int = 3) -> DocumentJobs:
+    return DocumentJobs(
+        Store(store_url), directory, retention_s=3600, lease_s=lease_s, max_attempts=max_attempts,
+        max_file_bytes=2**20, max_characters=10_000,
+    )
+
+
+def queued(jobs: DocumentJobs, owner: str = "") -> tuple[str, str]:
+    return jobs.create(owner, "notes.txt", ".txt", b"One.\nTwo.\n", "en", "zh", None, 2, 8)
+
+
+def test_an_accepted_job_outlives_a_restart_and_is_claimed_once(store_url, tmp_path):
+    directory = tmp_path / f"documents-{uuid.uuid4().hex}"  # its own queue: the PostgreSQL database is shared
+    document_id, key = queued(replica(store_url, directory))
+    one, two = replica(store_url, directory), replica(store_url, directory)  # after the restart: two replicas
+    claims: list = []
+    threads = [threading.Thread(target=lambda jobs=jobs: claims.append(jobs.claim(str(id(jobs))))) for jobs in
+               (one, two)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(job is None for job in claims) == [False, True]
+    (job,) = [job for job in claims if job is not None]
+    assert job.document_id == document_id and one.read_input(job) == b"One.\nTwo.\n"
+    assert one.get(document_id, key, "").status == "translating"
+
+
+def test_a_lost_workers_job_is_taken_again_from_its_saved_segments(store_url, tmp_path):
+    directory = tmp_path / f"documents-{uuid.uuid4().hex}"
+    lost, successor = replica(store_url, directory, lease_s=0.5), replica(store_url, directory, lease_s=0.5)
+    document_id, key = queued(lost)
+    job = lost.claim("lost")
+    lost.save_progress(job, ["一。"])
+    assert lost.renew(job, "lost", 1, 3)
+    assert successor.claim("successor") is None  # the lease holds
+    time.sleep(0.7)  # the lost worker never renews
+    again = successor.claim("successor")
+    assert again is not None and again.attempts == 2 and again.segments_done == 1
+    assert successor.read_progress(again) == ["一。"]
+    assert not lost.renew(job, "lost", 2, 0)  # the lost worker, if it comes back, finds the job taken
+    assert successor.finish(again, "successor", "一。\n二。\n".encode())
+    _, data = successor.take_result(document_id, key, "")
+    assert data == "一。\n二。\n".encode()
+
+
+def test_a_job_interrupted_too_often_ends_as_error(store_url, tmp_path):
+    directory = tmp_path / f"documents-{uuid.uuid4().hex}"
+    jobs = replica(store_url, directory, lease_s=0.2, max_attempts=2)
+    document_id, key = queued(jobs)
+    for worker in ("a", "b"):
+        assert jobs.claim(worker) is not None
+        time.sleep(0.3)
+    assert jobs.claim("c") is None
+    status = jobs.get(document_id, key, "").status_body()
+    assert status["status"] == "error" and "interrupted 2 times" in status["error_message"]
+
+
+def test_a_result_is_handed_over_once_and_only_with_its_key_and_owner(store_url, tmp_path):
+    jobs = replica(store_url, tmp_path / f"documents-{uuid.uuid4().hex}")
+    document_id, key = queued(jobs, owner="alice")
+    with pytest.raises(DocumentNotReadyError):
+        jobs.take_result(document_id, key, "alice")
+    job = jobs.claim("w")
+    jobs.finish(job, "w", b"done")
+    for wrong_key, owner in ((key.lower()[::-1], "alice"), (key, "bob"), ("", "alice")):
+        with pytest.raises(DocumentNotFoundError):
+            jobs.get(document_id, wrong_key, owner)
+    results: list = []
+
+    def take() -> None:
+        try:
+            results.append(jobs.take_result(document_id, key, "alice")[1])
+        except DocumentNotFoundError:
+            results.append(None)
+
+    threads = [threading.Thread(target=take) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results, key=lambda r: r is None) == [b"done", None, None]
+    assert not (jobs.directory / document_id).exists()
+
+
+def test_a_finished_document_never_downloaded_is_deleted_after_its_retention(store_url, tmp_path):
+    directory = tmp_path / f"documents-{uuid.uuid4().hex}"
+    jobs = DocumentJobs(Store(store_url), directory, retention_s=0.2, lease_s=60, max_attempts=3, max_file_bytes=2**20,
+                        max_characters=10_000)
+    document_id, key = queued(jobs)
+    jobs.finish(jobs.claim("w"), "w", b"done")
+    time.sleep(0.3)
+    assert jobs.expire() == 1
+    assert not (directory / document_id).exists()
+    with pytest.raises(DocumentNotFoundError):
+        jobs.get(document_id, key, "")
+
+
+def test_another_directorys_jobs_are_never_taken(store_url, tmp_path):
+    mine = replica(store_url, tmp_path / f"mine-{uuid.uuid4().hex}")
+    theirs = replica(store_url, tmp_path / f"theirs-{uuid.uuid4().hex}")
+    queued(theirs)
+    assert mine.claim("w") is None
