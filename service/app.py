@@ -9,9 +9,7 @@ import gc
 import json
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -37,7 +35,7 @@ from service.config import (
     translator_deployment_name,
 )
 from service.docs import add_offline_docs
-from service.documents.jobs import DocumentJobs
+from service.documents.jobs import DocumentJobs, worker_name
 from service.documents.worker import DocumentWorker
 from service.errors import (
     InvalidRequestError,
@@ -184,8 +182,7 @@ class Ingress:
             max_characters=documents.max_characters,
         )
         self._document_worker = DocumentWorker(
-            self._documents, self, f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}",
-            documents.workers_per_replica, documents.poll_s,
+            self._documents, self, worker_name(), documents.workers_per_replica, documents.poll_s,
         )
         if documents.workers_per_replica:  # the constructor runs on the replica's event loop
             self._worker_task = asyncio.get_running_loop().create_task(self._document_worker.run())

@@ -180,6 +180,8 @@ READERS: dict[str, Callable[[bytes], Document]] = {
     ".html": HtmlDocument,
     ".htm": HtmlDocument,
     ".docx": _office(".docx"),
+    ".pptx": _office(".pptx"),
+    ".xlsx": _office(".xlsx"),
 }
 FORMATS = tuple(READERS)
 

@@ -1,6 +1,7 @@
 """Document jobs: a row each in the shared store (service/store.py), their files in one directory every replica
 reaches. A job is queued on upload, claimed by one replica's worker under a lease it renews as it goes, and
-taken again by any worker once the lease runs out (its replica lost), from the segments it had saved. The
+taken again, from the segments it had saved, by any worker once the lease runs out or by one on the same machine
+as soon as the holder's process is gone. The
 directory names the queue: deployments that share a store but not a directory never take each other's jobs.
 """
 
@@ -13,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -58,6 +60,27 @@ class Job:
         if self.status == "error":
             body["error_message"] = self.error_message or "the document could not be translated"
         return body
+
+
+def worker_name() -> str:
+    """A worker's name in the store: its machine, its process and a nonce (a restarted process is another)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+def holder_gone(holder: str | None) -> bool:
+    """Whether a lease's worker ran on this machine in a process that no longer exists (its lease need not run
+    out before another worker takes the job)."""
+    host, _, rest = (holder or "").partition("/")
+    pid = rest.partition("/")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def _digest(key: str) -> str:
@@ -171,19 +194,22 @@ class DocumentJobs:
 
     # ---- the worker's side -----------------------------------------------------------------
     def claim(self, worker: str) -> Job | None:
-        """The oldest job that is queued or whose lease ran out, now leased to `worker` (None: none)."""
+        """The oldest job that is queued, whose lease ran out, or whose worker's process is gone from this machine,
+        now leased to `worker` (None: none)."""
         now = time.time()
         candidates = self.store.rows(
-            "SELECT document_id FROM documents WHERE queue = ? AND (status = 'queued' OR (status = 'translating' "
-            "AND lease_until < ?)) ORDER BY created LIMIT 8",
-            (self.queue, now),
+            "SELECT document_id, status, lease_owner, lease_until FROM documents WHERE queue = ? AND status IN "
+            "('queued', 'translating') ORDER BY created LIMIT 32",
+            (self.queue,),
         )
-        for (document_id,) in candidates:
+        for document_id, status, holder, until in candidates:
+            if status == "translating" and until >= now and not holder_gone(holder):
+                continue
             claimed = self.store.change([(
                 "UPDATE documents SET status = 'translating', lease_owner = ?, lease_until = ?, "
-                "attempts = attempts + 1, updated = ? WHERE document_id = ? AND (status = 'queued' OR "
-                "(status = 'translating' AND lease_until < ?))",
-                (worker, now + self.lease_s, now, document_id, now),
+                "attempts = attempts + 1, updated = ? WHERE document_id = ? AND status = ? AND "
+                "COALESCE(lease_owner, '') = ?",
+                (worker, now + self.lease_s, now, document_id, status, holder or ""),
             )], None)
             if claimed[0] != 1:
                 continue  # another worker's
@@ -203,6 +229,16 @@ class DocumentJobs:
             "UPDATE documents SET segments_done = ?, seconds_remaining = ?, lease_until = ?, updated = ? "
             "WHERE document_id = ? AND lease_owner = ? AND status = 'translating'",
             (segments_done, seconds_remaining, now + self.lease_s, now, job.document_id, worker),
+        )], None)
+        return changed[0] == 1
+
+    def hold(self, job: Job, worker: str) -> bool:
+        """Extend the lease alone (a heartbeat while a chunk decodes); False when the job is no longer this
+        worker's."""
+        now = time.time()
+        changed = self.store.change([(
+            "UPDATE documents SET lease_until = ? WHERE document_id = ? AND lease_owner = ? AND status = 'translating'",
+            (now + self.lease_s, job.document_id, worker),
         )], None)
         return changed[0] == 1
 
@@ -258,4 +294,4 @@ class DocumentJobs:
         return len(expired)
 
 
-__all__ = ["STATUSES", "DocumentJobs", "Job"]
+__all__ = ["STATUSES", "DocumentJobs", "Job", "holder_gone", "worker_name"]

@@ -1,81 +1,88 @@
-"""Office Open XML documents (.docx, through python-docx): every paragraph of the body, its tables, text boxes,
-headers, footers and notes a segment, its runs' formatting kept, everything that is not text left as it was.
+"""Office Open XML files: .docx through python-docx (every paragraph of the body, its tables and text boxes,
+headers, footers and notes), .pptx through python-pptx (every paragraph of every slide's shapes and tables, and
+of the speaker notes), .xlsx at the archive's XML (every text cell, in the shared strings and inline; numbers and
+formulas are not text and stay as they are, as does every part the text is not in).
 
-A paragraph of plain text runs is translated whole, its runs grouped by formatting and placed back by the
-alignment (formats.runs_markup); a paragraph that holds more (hyperlinks, fields, tabs, drawings) has each of
-its text nodes translated alone, so nothing around them moves.
+All three hold paragraphs of runs. A paragraph of plain text runs is translated whole, its runs grouped by
+formatting and placed back by the alignment (formats.runs_markup); a paragraph that holds more (hyperlinks,
+fields, tabs, drawings) has each of its text nodes translated alone, so nothing around them moves.
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from service.documents.formats import Document, DocumentError, Segment, runs_markup, split_runs
 
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024  # what an archive may expand to (a zip bomb stops here)
 MAX_ARCHIVE_MEMBERS = 10_000
+WORD = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+DRAWING = "http://schemas.openxmlformats.org/drawingml/2006/main"
+SHEET = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
+XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
 
 
-def open_archive(data: bytes, kind: str) -> None:
-    """DocumentError unless `data` is a zip archive that expands within the limits."""
+def open_archive(data: bytes, kind: str) -> zipfile.ZipFile:
+    """`data` as a zip archive that expands within the limits, else DocumentError."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            members = archive.infolist()
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
     except (zipfile.BadZipFile, ValueError):
         raise DocumentError(
             f"the file is not a valid {kind} (not a zip archive: corrupt, encrypted, or another format)"
         ) from None
     if len(members) > MAX_ARCHIVE_MEMBERS or sum(m.file_size for m in members) > MAX_UNPACKED_BYTES:
         raise DocumentError(f"the {kind} archive expands past {MAX_UNPACKED_BYTES // 2**20} MiB")
+    return archive
 
 
-class WordDocument(Document):
-    def __init__(self, data: bytes) -> None:
-        open_archive(data, ".docx")
-        import docx
-        from docx.oxml.ns import qn
+@dataclass(frozen=True)
+class Grammar:
+    """How one format's paragraphs hold runs: its element names (Clark notation)."""
 
-        try:
-            self._document = docx.Document(io.BytesIO(data))
-        except Exception as error:  # python-docx raises KeyError, ValueError or lxml's errors on broken parts
-            raise DocumentError(f"the file is not a valid .docx ({type(error).__name__}: {error})") from None
-        self._run, self._text, self._properties = qn("w:r"), qn("w:t"), qn("w:rPr")
-        self._plain_children = {qn(name) for name in (
-            "w:pPr", "w:bookmarkStart", "w:bookmarkEnd", "w:proofErr", "w:commentRangeStart", "w:commentRangeEnd",
-        )}  # fmt: skip
-        self._run_children = {self._text, self._properties, qn("w:lastRenderedPageBreak")}
-        self.segments = []
-        self._parsed_parts: list[tuple] = []  # (a part python-docx holds as bytes, its parsed XML)
-        self._places: list[tuple] = []  # per segment: ("runs", paragraph, templates, main) or ("node", w:t)
-        for paragraph in self._paragraphs():
-            self._read(paragraph)
+    paragraph: str
+    run: str
+    text: str
+    properties: str
+    plain_children: frozenset[str]  # a paragraph's children besides runs that translating it whole leaves alone
+    run_children: frozenset[str]  # a plain run's children
 
-    def _paragraphs(self) -> Iterator:
-        """Every w:p of the main text and of the headers, footers, footnotes and endnotes, each once."""
-        from docx.oxml import parse_xml
-        from docx.oxml.ns import qn
+    @classmethod
+    def of(cls, namespace: str, paragraph: str, plain: Iterable[str], run_extra: Iterable[str] = ()) -> Grammar:
+        name = lambda local: f"{{{namespace}}}{local}"  # noqa: E731
+        return cls(
+            name(paragraph), name("r"), name("t"), name("rPr"), frozenset(map(name, plain)),
+            frozenset(map(name, ("t", "rPr", *run_extra))),
+        )
 
-        paragraph = qn("w:p")
-        yield from self._document.element.body.iter(paragraph)
-        for part in self._document.part.package.iter_parts():
-            name = str(part.partname)
-            if any(kind in name for kind in ("/header", "/footer", "/footnotes", "/endnotes")):
-                element = getattr(part, "element", None)
-                if element is None:  # python-docx keeps notes as bytes: parsed here, written back in render
-                    element = parse_xml(part.blob)
-                    self._parsed_parts.append((part, element))
-                yield from element.iter(paragraph)
 
-    def _read(self, paragraph) -> None:
-        runs = [child for child in paragraph if child.tag == self._run]
-        plain = all(child.tag == self._run or child.tag in self._plain_children for child in paragraph) and all(
-            grandchild.tag in self._run_children for run in runs for grandchild in run
+WORD_GRAMMAR = Grammar.of(
+    WORD, "p", ("pPr", "bookmarkStart", "bookmarkEnd", "proofErr", "commentRangeStart", "commentRangeEnd"),
+    ("lastRenderedPageBreak",),
+)
+DRAWING_GRAMMAR = Grammar.of(DRAWING, "p", ("pPr", "endParaRPr"))
+SHEET_GRAMMARS = (Grammar.of(SHEET, "si", ("rPh", "phoneticPr")), Grammar.of(SHEET, "is", ("rPh", "phoneticPr")))
+
+
+class RunParagraphs:
+    """The segments of paragraphs made of runs, and their translations written back in place."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self._places: list[tuple] = []  # per segment: ("node", text element) or ("runs", grammar, p, ...)
+
+    def read(self, paragraph, grammar: Grammar) -> None:
+        runs = [child for child in paragraph if child.tag == grammar.run]
+        plain = all(child.tag == grammar.run or child.tag in grammar.plain_children for child in paragraph) and all(
+            grandchild.tag in grammar.run_children for run in runs for grandchild in run
         )
         if not plain:
-            for node in paragraph.iter(self._text):
+            for node in paragraph.iter(grammar.text):
                 if node.text and node.text.strip():
                     self.segments.append(Segment(node.text.strip()))
                     self._places.append(("node", node))
@@ -86,12 +93,12 @@ class WordDocument(Document):
         templates: list = []
         pieces: list[tuple[int, str]] = []
         for run in runs:
-            properties = run.find(self._properties)
+            properties = run.find(grammar.properties)
             style = etree.tostring(properties) if properties is not None else b""
             if style not in keys:
                 keys[style] = len(templates)
                 templates.append(run)
-            text = "".join(node.text or "" for node in run.iter(self._text))
+            text = "".join(node.text or "" for node in run.iter(grammar.text))
             if pieces and pieces[-1][0] == keys[style]:
                 pieces[-1] = (keys[style], pieces[-1][1] + text)
             elif text:
@@ -102,23 +109,22 @@ class WordDocument(Document):
         for key, text in pieces:
             weights[key] += len(text)
         main = weights.index(max(weights))
-        used = {key for key, _ in pieces}
-        if len(used) == 1:
+        if len({key for key, _ in pieces}) == 1:
             self.segments.append(Segment("".join(text for _, text in pieces)))
         else:
             self.segments.append(Segment(runs_markup(pieces, main), html=True))
-        self._places.append(("runs", paragraph, templates, main, runs))
+        self._places.append(("runs", grammar, paragraph, templates, main, runs))
 
-    def render(self, translations: list[str]) -> bytes:
+    def render(self, translations: list[str]) -> None:
         for place, translation, segment in zip(self._places, translations, self.segments, strict=True):
             if place[0] == "node":
                 node = place[1]
                 original = node.text
                 lead = original[: len(original) - len(original.lstrip())]
                 trail = original[len(original.rstrip()) :]
-                self._set_text(node, lead + translation + trail)
+                set_text(node, lead + translation + trail)
                 continue
-            _, paragraph, templates, main, runs = place
+            _, grammar, paragraph, templates, main, runs = place
             pieces = split_runs(translation, main) if segment.html else [(main, translation)]
             position = paragraph.index(runs[0])
             for run in runs:
@@ -126,26 +132,134 @@ class WordDocument(Document):
             for offset, (key, text) in enumerate(pieces):
                 run = copy.deepcopy(templates[key])
                 for child in list(run):
-                    if child.tag != self._properties:
+                    if child.tag != grammar.properties:
                         run.remove(child)
-                node = run.makeelement(self._text, {})
-                self._set_text(node, text)
+                node = run.makeelement(grammar.text, {})
+                set_text(node, text)
                 run.append(node)
                 paragraph.insert(position + offset, run)
-        from lxml import etree
 
-        for part, element in self._parsed_parts:
-            part._blob = etree.tostring(element, xml_declaration=True, encoding="UTF-8", standalone=True)
+
+def set_text(node, text: str) -> None:
+    node.text = text
+    node.set(XML_SPACE, "preserve")
+
+
+def parse_part(data: bytes, kind: str):
+    """An archive member's XML, parsed without entities or network access."""
+    from lxml import etree
+
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+    try:
+        return etree.fromstring(data, parser)
+    except etree.XMLSyntaxError as error:
+        raise DocumentError(f"the {kind} holds a part that is not XML ({error})") from None
+
+
+def serialize_part(element) -> bytes:
+    from lxml import etree
+
+    return etree.tostring(element, xml_declaration=True, encoding="UTF-8", standalone=True)
+
+
+def open_word(stream: io.BytesIO):
+    import docx
+
+    return docx.Document(stream)
+
+
+def open_slides(stream: io.BytesIO):
+    import pptx
+
+    return pptx.Presentation(stream)
+
+
+class PackageDocument(Document):
+    """A file python-docx or python-pptx opens (`opener`): the paragraphs of the parts `parts` names, written back
+    by the library."""
+
+    kind: str
+    grammar: Grammar
+    parts: re.Pattern
+    opener: Callable[[io.BytesIO], object]
+
+    def __init__(self, data: bytes) -> None:
+        open_archive(data, self.kind).close()
+        try:
+            self._package = type(self).opener(io.BytesIO(data))
+        except Exception as error:  # the libraries raise KeyError, ValueError or lxml's errors on broken parts
+            raise DocumentError(f"the file is not a valid {self.kind} ({type(error).__name__}: {error})") from None
+        self._paragraphs = RunParagraphs()
+        self._parsed: list[tuple] = []  # (a part the library holds as bytes, its parsed XML)
+        for element in self._elements():
+            for paragraph in element.iter(self.grammar.paragraph):
+                self._paragraphs.read(paragraph, self.grammar)
+        self.segments = self._paragraphs.segments
+
+    def _elements(self) -> Iterable:
+        for part in self._package.part.package.iter_parts():
+            if not self.parts.match(str(part.partname)):
+                continue
+            element = getattr(part, "_element", None)
+            if element is None:  # a part the library keeps as bytes: parsed here, written back in render
+                element = parse_part(part.blob, self.kind)
+                self._parsed.append((part, element))
+            yield element
+
+    def render(self, translations: list[str]) -> bytes:
+        self._paragraphs.render(translations)
+        for part, element in self._parsed:
+            part._blob = serialize_part(element)
         out = io.BytesIO()
-        self._document.save(out)
+        self._package.save(out)
         return out.getvalue()
 
-    @staticmethod
-    def _set_text(node, text: str) -> None:
-        node.text = text
-        node.set("{http://www.w3.org/XML/1998/namespace}space", "preserve")
+
+class WordDocument(PackageDocument):
+    kind, grammar, opener = ".docx", WORD_GRAMMAR, open_word
+    parts = re.compile(r"^/word/(document|header\d*|footer\d*|footnotes|endnotes)\.xml$")
 
 
-READERS = {".docx": WordDocument}
+class SlidesDocument(PackageDocument):
+    kind, grammar, opener = ".pptx", DRAWING_GRAMMAR, open_slides
+    parts = re.compile(r"^/ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml$")
 
-__all__ = ["READERS", "WordDocument", "open_archive"]
+
+class SpreadsheetDocument(Document):
+    """.xlsx: the text of its cells lives in xl/sharedStrings.xml (and, inline, in the sheets); only those parts
+    are rewritten, every other member of the archive is copied as it was."""
+
+    _PARTS = re.compile(r"^xl/(sharedStrings|worksheets/sheet\d+)\.xml$")
+
+    def __init__(self, data: bytes) -> None:
+        with open_archive(data, ".xlsx") as archive:
+            names = archive.namelist()
+            if "xl/workbook.xml" not in names:
+                raise DocumentError("the file is not a valid .xlsx (no xl/workbook.xml)")
+            self._members = [(info, archive.read(info)) for info in archive.infolist()]
+        self._parts = {}
+        self._paragraphs = RunParagraphs()
+        for info, content in self._members:
+            if self._PARTS.match(info.filename):
+                element = parse_part(content, ".xlsx")
+                self._parts[info.filename] = element
+                for grammar in SHEET_GRAMMARS:
+                    for paragraph in element.iter(grammar.paragraph):
+                        self._paragraphs.read(paragraph, grammar)
+        self.segments = self._paragraphs.segments
+
+    def render(self, translations: list[str]) -> bytes:
+        self._paragraphs.render(translations)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as archive:
+            for info, content in self._members:
+                if info.filename in self._parts:
+                    content = serialize_part(self._parts[info.filename])
+                archive.writestr(info, content)
+        return out.getvalue()
+
+
+READERS = {".docx": WordDocument, ".pptx": SlidesDocument, ".xlsx": SpreadsheetDocument}
+
+__all__ = ["READERS", "PackageDocument", "RunParagraphs", "SlidesDocument", "SpreadsheetDocument", "WordDocument",
+           "open_archive"]

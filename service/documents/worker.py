@@ -130,6 +130,7 @@ class DocumentWorker:
         self._wake.set()  # a slot is free
 
     async def _translate(self, job: Job) -> None:
+        heartbeat = asyncio.get_running_loop().create_task(self._hold(job))
         try:
             await self._translate_job(job)
         except DocumentError as error:
@@ -143,6 +144,18 @@ class DocumentWorker:
         except Exception as error:
             logger.exception("document %s failed", job.document_id)
             await self._fail(job, f"internal error ({type(error).__name__})")
+        finally:
+            heartbeat.cancel()
+
+    async def _hold(self, job: Job) -> None:
+        """Keep the lease while the job is worked on, a third of it at a time (a slow chunk does not lose it)."""
+        while True:
+            await asyncio.sleep(self.jobs.lease_s / 3)
+            try:
+                if not await asyncio.to_thread(self.jobs.hold, job, self.name):
+                    return
+            except StoreError as error:
+                logger.warning("document %s: could not renew its lease (%s)", job.document_id, error)
 
     async def _fail(self, job: Job, message: str) -> None:
         try:

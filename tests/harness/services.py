@@ -87,7 +87,8 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         batch_wait_timeout_s=0.05,
         metrics_dir=str(metrics_root / "translate"),
         store_url=TEST_STORE_URL or f"sqlite:///{metrics_root / 'translate-state.db'}",
-        documents={"directory": str(metrics_root / "translate-documents"), "poll_s": 0.2},
+        # a short lease: a lost ingress replica's document is taken by the other within seconds
+        documents={"directory": str(metrics_root / "translate-documents"), "poll_s": 0.2, "lease_s": 5},
     )
     if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
         main["args"]["scheduler"] = TEST_SCHEDULER

@@ -14,7 +14,10 @@ from html.parser import HTMLParser
 import deepl
 import docx
 import httpx
+import openpyxl
+import pptx
 import pytest
+from pptx.util import Inches
 
 pytestmark = pytest.mark.slow
 
@@ -147,6 +150,43 @@ def test_on_the_shipped_model_each_bold_word_stays_a_bold_run_on_its_translation
         assert len(bold) == 1 and has_chinese(bold[0].text), [(run.text, run.bold) for run in paragraph.runs]
 
 
+def test_a_pptx_keeps_its_slides_shapes_table_and_notes(translator):
+    presentation, texts = pptx.Presentation(), (("Welcome", "I like tea."), ("Thank you.", "We went to school today."))
+    for title, point in texts:
+        slide = presentation.slides.add_slide(presentation.slide_layouts[1])
+        slide.shapes.title.text, slide.placeholders[1].text = title, point
+        slide.notes_slide.notes_text_frame.text = "Where is the station?"
+    table = presentation.slides[0].shapes.add_table(1, 2, Inches(1), Inches(5), Inches(4), Inches(1)).table
+    table.cell(0, 0).text, table.cell(0, 1).text = CELLS[:2]
+    out = io.BytesIO()
+    presentation.save(out)
+    translated_file = translate_document(translator, out.getvalue(), "talk.pptx", source_lang="EN")
+    result = pptx.Presentation(io.BytesIO(translated_file))
+    assert len(result.slides) == 2
+    for slide, (title, point) in zip(result.slides, texts, strict=True):
+        assert slide.shapes.title.text == translated(translator, title)
+        assert slide.placeholders[1].text == translated(translator, point)
+        assert slide.notes_slide.notes_text_frame.text == translated(translator, "Where is the station?")
+    (table,) = [shape.table for shape in result.slides[0].shapes if shape.has_table]
+    assert [c.text for c in table.iter_cells()] == [translated(translator, text) for text in CELLS[:2]]
+
+
+def test_an_xlsx_has_its_text_cells_translated_and_its_numbers_and_formulas_kept(translator):
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.title = "Orders"
+    sheet.append(["Thank you.", 3, 2.5, "=B1*C1"])
+    sheet.append(["I like tea.", None, 1000000, "=SUM(C1:C2)"])
+    out = io.BytesIO()
+    book.save(out)
+    result = openpyxl.load_workbook(io.BytesIO(translate_document(translator, out.getvalue(), "orders.xlsx",
+                                                                  source_lang="EN")))
+    assert result.sheetnames == ["Orders"]
+    rows = [[cell.value for cell in row] for row in result["Orders"].iter_rows()]
+    assert rows == [[translated(translator, "Thank you."), 3, 2.5, "=B1*C1"],
+                    [translated(translator, "I like tea."), None, 1000000, "=SUM(C1:C2)"]]
+
+
 def test_subtitles_keep_every_cue_number_and_timing(translator):
     result = translate_document(translator, SUBTITLES, "film.srt", source_lang="EN").decode("utf-8")
     cues = [block.split("\n") for block in result.strip().split("\n\n")]
@@ -189,6 +229,7 @@ def test_a_glossarys_terms_are_kept_in_a_document(translator):
 
 def test_four_documents_at_once_all_finish(translator):
     files = [(word_file(), "a.docx"), (SUBTITLES, "b.srt"), (PAGE.encode(), "c.html"), (b"I like tea.\n", "d.txt")]
+    # four at once: both ingress replicas' workers take two each (documents.workers_per_replica)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda item: translate_document(translator, *item, source_lang="EN"), files))
     assert all(results)

@@ -7,9 +7,14 @@ import io
 import zipfile
 
 import docx
+import openpyxl
+import pptx
 import pytest
 from docx.oxml import parse_xml
 from docx.oxml.ns import nsdecls
+from openpyxl.cell.rich_text import CellRichText, TextBlock
+from openpyxl.cell.text import InlineFont
+from pptx.util import Inches
 
 from service.documents.formats import DocumentError, read_document, runs_markup, split_runs
 
@@ -162,3 +167,69 @@ def test_footnotes_are_segments_and_written_back():
     rendered = document.render(["正文。", "一个注释。"])
     assert "一个注释。" in zipfile.ZipFile(io.BytesIO(rendered)).read("word/footnotes.xml").decode("utf-8")
     assert docx.Document(io.BytesIO(rendered)).paragraphs[0].text == "正文。"
+
+
+def slides() -> bytes:
+    presentation = pptx.Presentation()
+    slide = presentation.slides.add_slide(presentation.slide_layouts[1])
+    slide.shapes.title.text = "Welcome"
+    body = slide.placeholders[1].text_frame
+    body.text = "First point."
+    paragraph = body.add_paragraph()
+    for text, bold in (("Press ", None), ("Save", True), (" now.", None)):
+        run = paragraph.add_run()
+        run.text, run.font.bold = text, bold
+    table = slide.shapes.add_table(2, 2, Inches(1), Inches(4), Inches(4), Inches(1)).table
+    table.cell(0, 0).text, table.cell(1, 1).text = "Left", "Right"
+    slide.notes_slide.notes_text_frame.text = "Speaker note."
+    out = io.BytesIO()
+    presentation.save(out)
+    return out.getvalue()
+
+
+def test_a_pptx_keeps_its_shapes_runs_table_and_notes():
+    document = read_document(slides(), ".pptx")
+    assert [s.text for s in document.segments] == [
+        "Welcome", "First point.", 'Press <span data-run="1">Save</span> now.', "Left", "Right", "Speaker note.",
+    ]
+    translations = ["欢迎", "第一点。", '现在按<span data-run="1">保存</span>。', "左", "右", "演讲者备注。"]
+    result = pptx.Presentation(io.BytesIO(document.render(translations)))
+    (slide,) = result.slides
+    title, body, table = slide.shapes
+    assert title.text_frame.text == "欢迎"
+    assert [[(r.text, r.font.bold) for r in p.runs] for p in body.text_frame.paragraphs] == [
+        [("第一点。", None)], [("现在按", None), ("保存", True), ("。", None)],
+    ]
+    assert [c.text for c in table.table.iter_cells()] == ["左", "", "", "右"]
+    assert slide.notes_slide.notes_text_frame.text == "演讲者备注。"
+
+
+def workbook() -> bytes:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.title = "Prices"
+    sheet.append(["Item", "Price", "Total"])
+    sheet.append(["Green tea", 12.5, "=B2*2"])
+    sheet["D1"] = CellRichText(TextBlock(InlineFont(b=True), "Note"), ": every price is per box")
+    book.create_sheet("Thanks")["A1"] = "Thank you."
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+def test_an_xlsx_has_its_text_cells_translated_and_its_numbers_and_formulas_untouched():
+    document = read_document(workbook(), ".xlsx")
+    translation = {
+        "Item": "项目", "Price": "价格", "Total": "总计", "Green tea": "绿茶", "Thank you.": "谢谢。",
+        '<span data-run="0">Note</span>: every price is per box': '<span data-run="0">注</span>：每盒价格',
+    }
+    assert sorted(s.text for s in document.segments) == sorted(translation)  # numbers and formulas are no text
+    rendered = document.render([translation[s.text] for s in document.segments])
+    result = openpyxl.load_workbook(io.BytesIO(rendered), rich_text=True)
+    assert result.sheetnames == ["Prices", "Thanks"]
+    prices = result["Prices"]
+    rows = [[c.value for c in row[:3]] for row in prices.iter_rows()]
+    assert rows == [["项目", "价格", "总计"], ["绿茶", 12.5, "=B2*2"]]
+    note = prices["D1"].value
+    assert [(block.text, bool(block.font.b)) for block in note if not isinstance(block, str)] == [("注", True)]
+    assert str(note) == "注：每盒价格" and result["Thanks"]["A1"].value == "谢谢。"

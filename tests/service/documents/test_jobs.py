@@ -1,15 +1,18 @@
-"""Document jobs on the two stores (an embedded SQLite file and a real PostgreSQL, as tests/service/
-test_glossary_store.py): two DocumentJobs on one store and directory are two replicas, a new one a restart."""
+"""Document jobs on the two stores (an embedded SQLite file and a real PostgreSQL): two DocumentJobs on one store
+and directory are two replicas, a new one a restart."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 
 import pytest
 
-from service.documents.jobs import DocumentJobs
+from service.documents.jobs import DocumentJobs, holder_gone, worker_name
 from service.errors import DocumentNotFoundError, DocumentNotReadyError
 from service.store import Store
 
@@ -117,3 +120,18 @@ def test_another_directorys_jobs_are_never_taken(store_url, tmp_path):
     theirs = replica(store_url, tmp_path / f"theirs-{uuid.uuid4().hex}")
     queued(theirs)
     assert mine.claim("w") is None
+
+
+def test_a_job_whose_worker_process_died_on_this_machine_is_taken_before_its_lease_runs_out(store_url, tmp_path):
+    directory = tmp_path / f"documents-{uuid.uuid4().hex}"
+    jobs = replica(store_url, directory, lease_s=600)
+    queued(jobs)
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    gone = f"{socket.gethostname()}/{exited.pid}/0"
+    assert jobs.claim(gone) is not None and holder_gone(gone)
+    alive = worker_name()  # this process
+    assert not holder_gone(alive) and not holder_gone(f"another-host/{exited.pid}/0")
+    taken = jobs.claim(alive)
+    assert taken is not None and taken.attempts == 2
+    assert jobs.claim("third") is None  # its new holder lives
