@@ -170,10 +170,6 @@ class Translator:
         """Target ids of glossary terms as they decode inside a translation (no </s>)."""
         return [self.tokenizer.encode_target(term)[:-1] for term in terms if term.strip()]
 
-    def search_note(self, options: DecodingOptions, terms: list[str] | None) -> str | None:
-        """How a text with `terms` decodes otherwise than `options` ask, and why (None: as asked)."""
-        return self._constrained(options, self.term_ids(terms) if terms else [])[1]
-
     def _constrained(self, options: DecodingOptions, wanted: list[list[int]]) -> tuple[DecodingOptions, str | None]:
         """Options for a text whose search holds constraints (`wanted`): a beam with a place for each count of
         term tokens met (as dynamic beam allocation shares beams out), within 2 and MAX_TERM_BEAM, and why."""
@@ -260,8 +256,11 @@ class Translator:
         builder = self._builder
 
         def finished(requests: list[DecodeRequest]) -> list[Translation]:  # a step's finished texts, built together
-            return builder.translations([r.source_ids for r in requests], [r.hypotheses for r in requests],
-                                        [r.return_attention for r in requests])
+            built = builder.translations([r.source_ids for r in requests], [r.hypotheses for r in requests],
+                                         [r.return_attention for r in requests])
+            for request, translation in zip(requests, built, strict=True):
+                translation.search_note = request.note
+            return built
 
         self._loop = SchedulerThread(
             self.model, max_rows=max_rows, max_waiting=max_waiting, alignment_head=self.alignment_head,
@@ -321,9 +320,9 @@ class Translator:
                 futures[i] = Future()
                 futures[i].set_result(blank_translation())
                 continue
-            used, _ = self._constrained(options, wanted[i])
+            used, note = self._constrained(options, wanted[i])
             requests.append(request_of(source_ids[i], used, return_attention, streamed, alignment_rows=True,
-                                       constraints=wanted[i]))
+                                       constraints=wanted[i], note=note))
             queued.append(i)
         for i, future in zip(queued, self._loop.submit_all(requests), strict=True):
             futures[i] = future

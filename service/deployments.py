@@ -194,7 +194,7 @@ class TranslatorDeployment:
         except (asyncio.CancelledError, GeneratorExit):
             self._cancel(future)
             raise
-        translation.search_note = note
+        translation.search_note = note or translation.search_note
         result = await self.finisher.submit(
             FinishItem(translation, options, attention, call.alignment_method, call.trust)
         )
@@ -203,13 +203,14 @@ class TranslatorDeployment:
         yield {"type": "result", "translation": result}
 
     def _terms(self, options: DecodingOptions, terms: list[str]) -> tuple[list[str], str | None]:
-        """The terms this replica's search enforces, and what its answer says of how it searched."""
+        """The terms this replica's search enforces, and what its answer says when it cannot enforce them (how the
+        search widened its beam for them, the translator says itself)."""
         if not terms:
             return [], None
         if not self.translator.constrains:
             return [], ("glossary terms not enforced: this machine's decoding runtime could not be built (no C++ "
                         "compiler), and the fallback search takes no constraints")
-        return terms, self.translator.search_note(options, terms)
+        return terms, None
 
     def _check_options(self, options: DecodingOptions) -> None:
         limit = self.translator.config.max_position_embeddings
@@ -230,7 +231,7 @@ class TranslatorDeployment:
         except asyncio.CancelledError:
             self._cancel(future)
             raise
-        translation.search_note = note
+        translation.search_note = note or translation.search_note
         return await self.finisher.submit(
             FinishItem(translation, call.options, call.attention, call.alignment_method, call.trust)
         )

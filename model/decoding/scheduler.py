@@ -43,6 +43,7 @@ class DecodeRequest:
     budget: int = 0
     alignment_rows: bool = False  # keep the scheduler's alignment head's rows (Hypothesis.alignment_attention)
     constraints: list[list[int]] = field(default_factory=list)  # token sequences every hypothesis contains
+    note: str | None = None  # its caller's word on how it is searched, for its result (Translation.search_note)
     step: int = 0  # tokens streamed so far
     hypotheses: list[Hypothesis] | None = None
     cancelled: bool = False
@@ -63,10 +64,10 @@ class DecodeRequest:
 
 def request_of(
     source_ids: list[int], options: DecodingOptions | None, return_attention: bool, on_token: TokenCallback | None,
-    alignment_rows: bool, constraints: list[list[int]] | None,
+    alignment_rows: bool, constraints: list[list[int]] | None, note: str | None = None,
 ) -> DecodeRequest:
     return DecodeRequest(list(source_ids), options or DecodingOptions(), return_attention, on_token,
-                         alignment_rows=alignment_rows, constraints=[list(c) for c in constraints or []])
+                         alignment_rows=alignment_rows, constraints=[list(c) for c in constraints or []], note=note)
 
 
 @dataclass(eq=False)
