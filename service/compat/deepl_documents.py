@@ -31,6 +31,9 @@ MEDIA_TYPES = {
     ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
     ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    ".po": "text/x-gettext-translation; charset=utf-8",
+    ".xliff": "application/xliff+xml",
+    ".xlf": "application/xliff+xml",
 }
 
 

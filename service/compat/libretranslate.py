@@ -174,7 +174,8 @@ def router(backend: BackendProvider) -> APIRouter:
         source_code = (
             await detect_language(service, document) if source.lower() == "auto" else resolve_source(service, source)
         )
-        translations = await translate_document(service, document.segments, source_code, target_code, None)
+        # as /translate does: a refusal or a timeout answers at once (the worker's jobs are the ones retried)
+        translations = await translate_document(service, document.segments, source_code, target_code, None, retries=0)
         data = document.render(translations)
         path = PurePath(name)
         filename = f"{path.stem}_{target_code}{path.suffix}"

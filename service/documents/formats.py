@@ -165,11 +165,13 @@ def markup_text(fragment: str) -> str:
     return html.unescape(re.sub(r"<[^>]*>", "", fragment))
 
 
-def _office(extension: str) -> Callable[[bytes], Document]:
-    def read(data: bytes) -> Document:
-        from service.documents import office  # python-docx and its kin load only when an office file comes
+def _lazy(module: str, extension: str) -> Callable[[bytes], Document]:
+    """A reader in another module, imported when its first file comes (python-docx and its kin are large)."""
 
-        return office.READERS[extension](data)
+    def read(data: bytes) -> Document:
+        import importlib
+
+        return importlib.import_module(f"service.documents.{module}").READERS[extension](data)
 
     return read
 
@@ -179,9 +181,12 @@ READERS: dict[str, Callable[[bytes], Document]] = {
     ".srt": SubtitleDocument,
     ".html": HtmlDocument,
     ".htm": HtmlDocument,
-    ".docx": _office(".docx"),
-    ".pptx": _office(".pptx"),
-    ".xlsx": _office(".xlsx"),
+    ".docx": _lazy("office", ".docx"),
+    ".pptx": _lazy("office", ".pptx"),
+    ".xlsx": _lazy("office", ".xlsx"),
+    ".po": _lazy("localisation", ".po"),
+    ".xliff": _lazy("localisation", ".xliff"),
+    ".xlf": _lazy("localisation", ".xlf"),
 }
 FORMATS = tuple(READERS)
 

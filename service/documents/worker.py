@@ -58,26 +58,29 @@ async def translate_segments(
 
 async def translate_document(
     backend: TranslationBackend, segments: list[Segment], source: str, target: str, glossary,
-    done: list[str] | None = None, saved=None,
+    done: list[str] | None = None, saved=None, retries: int = TRANSIENT_RETRIES,
 ) -> list[str]:
     """Every segment's translation, CHUNK_SEGMENTS at a time from those `done` before; after each chunk,
-    `saved(done)` (a coroutine function) records them, and a False from it stops the work (None is returned)."""
+    `saved(done)` (a coroutine function) records them, and a False from it stops the work (None is returned).
+    A chunk refused for load or time is sent again `retries` times."""
     done = list(done or [])
     while len(done) < len(segments):
         chunk = segments[len(done) : len(done) + CHUNK_SEGMENTS]
-        done += await _with_retries(lambda chunk=chunk: translate_segments(backend, chunk, source, target, glossary))
+        send = lambda chunk=chunk: translate_segments(backend, chunk, source, target, glossary)  # noqa: E731
+        done += await _with_retries(send, retries)
         if saved is not None and not await saved(done):
             return None
     return done
 
 
-async def _with_retries(send):
-    """send(), again after a pause while it is refused for load, times out or finds no replica (503, 504)."""
-    for attempt in range(TRANSIENT_RETRIES + 1):
+async def _with_retries(send, retries: int):
+    """send(), again (`retries` times) after a pause while it is refused for load, times out or finds no replica
+    (503, 504)."""
+    for attempt in range(retries + 1):
         try:
             return await send()
         except Exception as error:
-            if attempt == TRANSIENT_RETRIES or isinstance(error, DOCUMENT_FAULTS):
+            if attempt == retries or isinstance(error, DOCUMENT_FAULTS):
                 raise
             transient = isinstance(error, OverloadedError | RequestTimeoutError) or describe(error)[0] in (503, 504)
             if not transient:

@@ -18,6 +18,9 @@ import openpyxl
 import pptx
 import pytest
 from pptx.util import Inches
+from translate.storage import pypo, xliff
+
+from tests.service.conftest import API_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -187,6 +190,28 @@ def test_an_xlsx_has_its_text_cells_translated_and_its_numbers_and_formulas_kept
                     [translated(translator, "I like tea."), None, 1000000, "=SUM(C1:C2)"]]
 
 
+def test_a_po_catalogs_untranslated_entries_are_filled_and_marked_fuzzy(translator):
+    catalog = (
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+        '#: ui.c:1\nmsgid "Thank you."\nmsgstr ""\n\nmsgid "I like tea."\nmsgstr "我喜欢茶。"\n'
+    )
+    result = pypo.pofile(translate_document(translator, catalog.encode(), "ui.po", source_lang="EN"))
+    units = {unit.source: unit for unit in result.units if not unit.isheader()}
+    assert units["Thank you."].target == translated(translator, "Thank you.") and units["Thank you."].isfuzzy()
+    assert units["I like tea."].target == "我喜欢茶。" and not units["I like tea."].isfuzzy()
+
+
+def test_an_xliff_gets_a_target_for_each_untranslated_unit(translator):
+    document = (
+        '<?xml version="1.0" encoding="UTF-8"?><xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2">'
+        '<file source-language="en" target-language="zh" datatype="plaintext" original="ui"><body>'
+        + "".join(f'<trans-unit id="{i}"><source>{text}</source></trans-unit>' for i, text in enumerate(CELLS))
+        + "</body></file></xliff>"
+    )
+    result = xliff.xlifffile(translate_document(translator, document.encode(), "ui.xlf", source_lang="EN"))
+    assert [unit.target for unit in result.units] == [translated(translator, text) for text in CELLS]
+
+
 def test_subtitles_keep_every_cue_number_and_timing(translator):
     result = translate_document(translator, SUBTITLES, "film.srt", source_lang="EN").decode("utf-8")
     cues = [block.split("\n") for block in result.strip().split("\n\n")]
@@ -312,6 +337,20 @@ def test_a_wrong_key_and_an_unknown_id_are_both_404(client):
     assert traversal.status_code in (404, 400)
     missing = client.post(f"/v2/document/{handle['document_id']}", json={})
     assert missing.status_code == 400 and "document_key" in missing.json()["message"]
+
+
+def test_with_api_keys_a_document_belongs_to_the_key_that_uploaded_it(guarded_url):
+    one, two = ({"Authorization": f"DeepL-Auth-Key {key}"} for key in API_KEYS)
+    files = {"file": ("notes.txt", b"I like tea.", "text/plain")}
+    with httpx.Client(base_url=guarded_url, timeout=60) as guarded:
+        assert guarded.post("/v2/document", data={"target_lang": "ZH"}, files=files).status_code == 403
+        handle = guarded.post("/v2/document", data={"target_lang": "ZH"}, files=files, headers=one).json()
+        path, key = f"/v2/document/{handle['document_id']}", {"document_key": handle["document_key"]}
+        assert guarded.post(path, json=key, headers=one).json()["status"] == "queued"  # this app runs no worker
+        for other in (two, {}):
+            refused = guarded.post(path, json=key, headers=other)
+            assert refused.status_code == (404 if other else 403), refused.text
+        assert guarded.post(f"{path}/result", json=key, headers=two).status_code == 404
 
 
 def test_upload_refusals_use_deepls_error_shape(client):

@@ -15,6 +15,7 @@ from docx.oxml.ns import nsdecls
 from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 from pptx.util import Inches
+from translate.storage import pypo, xliff
 
 from service.documents.formats import DocumentError, read_document, runs_markup, split_runs
 
@@ -233,3 +234,70 @@ def test_an_xlsx_has_its_text_cells_translated_and_its_numbers_and_formulas_unto
     note = prices["D1"].value
     assert [(block.text, bool(block.font.b)) for block in note if not isinstance(block, str)] == [("注", True)]
     assert str(note) == "注：每盒价格" and result["Thanks"]["A1"].value == "谢谢。"
+
+
+CATALOG = """msgid ""
+msgstr ""
+"Content-Type: text/plain; charset=UTF-8\\n"
+"Plural-Forms: nplurals=1; plural=0;\\n"
+
+#: src/main.c:10
+msgid "Open file"
+msgstr ""
+
+msgctxt "menu"
+msgid "Save"
+msgstr "保存"
+
+#, c-format
+msgid "%d file deleted"
+msgid_plural "%d files deleted"
+msgstr[0] ""
+
+#, fuzzy
+msgid "Close"
+msgstr "关"
+"""
+
+
+def test_a_po_catalog_gets_its_untranslated_and_fuzzy_entries_translated_and_marked_fuzzy():
+    document = read_document(CATALOG.encode(), ".po")
+    assert [s.text for s in document.segments] == ["Open file", "%d file deleted", "Close"]
+    result = pypo.pofile(document.render(["打开文件", "已删除 %d 个文件", "关闭"]))
+    units = {(unit.getcontext(), unit.source if not unit.hasplural() else unit.source.strings[0]): unit
+             for unit in result.units if not unit.isheader()}
+    assert units["", "Open file"].target == "打开文件" and units["", "Open file"].isfuzzy()
+    assert units["", "Open file"].getlocations() == ["src/main.c:10"]
+    assert units["menu", "Save"].target == "保存" and not units["menu", "Save"].isfuzzy()  # a translation kept
+    plural = units["", "%d file deleted"]
+    assert plural.hasplural() and plural.target.strings == ["已删除 %d 个文件"] and "c-format" in plural.typecomments[0]
+    assert units["", "Close"].target == "关闭"
+
+
+XLIFF = """<?xml version="1.0" encoding="UTF-8"?>
+<xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2">
+<file source-language="en" target-language="zh" datatype="plaintext" original="ui"><body>
+<trans-unit id="1"><source>Hello world</source></trans-unit>
+<trans-unit id="2"><source>Click <g id="b">here</g> now</source><target></target></trans-unit>
+<trans-unit id="3"><source>Done</source><target>完成</target></trans-unit>
+</body></file></xliff>"""
+
+
+def test_an_xliff_gets_targets_for_its_untranslated_units_with_their_inline_codes():
+    document = read_document(XLIFF.encode(), ".xliff")
+    assert [s.text for s in document.segments] == ["Hello world", "Click", "here", "now"]
+    rendered = document.render(["你好世界", "点击", "这里", "现在"])
+    units = {unit.xmlelement.get("id"): unit for unit in xliff.xlifffile(rendered).units}
+    assert {key: unit.target for key, unit in units.items()} == {"1": "你好世界", "2": "点击 这里 现在", "3": "完成"}
+    name = "{urn:oasis:names:tc:xliff:document:1.2}"
+    second = units["2"].xmlelement.find(f"{name}target")
+    assert [(child.tag, child.get("id"), child.text) for child in second] == [(f"{name}g", "b", "这里")]
+    states = [units[key].xmlelement.find(f"{name}target").get("state") for key in ("1", "2", "3")]
+    assert states == ["needs-review-translation", "needs-review-translation", None]  # a translation kept as it was
+
+
+@pytest.mark.parametrize("data, extension", [(b'msgid "a"\nmsgstr ""\nmsgid', ".po"), (b"<xliff>", ".xliff"),
+                                             (b"<html/>", ".xlf")])
+def test_broken_localisation_files_say_why(data, extension):
+    with pytest.raises(DocumentError):
+        read_document(data, extension)
