@@ -152,6 +152,27 @@ class _RunReader(HTMLParser):
             self.runs.append((self.stack[-1], data))
 
 
+def runs_segment(pieces: list[tuple[int, str]], styles: int) -> tuple[Segment, int] | None:
+    """A paragraph's runs (style key, text; keys below `styles`) as its segment and its main style: plain text when
+    one style holds all of it, else `runs_markup` around the main style (the one with the most characters). None
+    for a paragraph without text."""
+    if not "".join(text for _, text in pieces).strip():
+        return None
+    weights = [0] * styles
+    for key, text in pieces:
+        weights[key] += len(text)
+    main = weights.index(max(weights))
+    if len({key for key, _ in pieces}) == 1:
+        return Segment("".join(text for _, text in pieces)), main
+    return Segment(runs_markup(pieces, main), html=True), main
+
+
+def with_spacing(original: str, translation: str) -> str:
+    """A text node's translation inside the original's leading and trailing whitespace."""
+    lead = original[: len(original) - len(original.lstrip())]
+    return lead + translation + original[len(original.rstrip()) :]
+
+
 def split_runs(fragment: str, main: int) -> list[tuple[int, str]]:
     """A translated `runs_markup` fragment back into runs (style key, text), adjacent runs of one style merged."""
     reader = _RunReader(main)
@@ -184,6 +205,9 @@ READERS: dict[str, Callable[[bytes], Document]] = {
     ".docx": _lazy("office", ".docx"),
     ".pptx": _lazy("office", ".pptx"),
     ".xlsx": _lazy("office", ".xlsx"),
+    ".odt": _lazy("opendocument", ".odt"),
+    ".odp": _lazy("opendocument", ".odp"),
+    ".epub": _lazy("opendocument", ".epub"),
     ".po": _lazy("localisation", ".po"),
     ".xliff": _lazy("localisation", ".xliff"),
     ".xlf": _lazy("localisation", ".xlf"),
@@ -199,8 +223,16 @@ def extension_of(filename: str) -> str:
 def read_document(data: bytes, extension: str) -> Document:
     """The file read as its extension says; DocumentError when it cannot be, or holds no text."""
     reader = READERS.get(extension)
+    if extension == ".pdf":
+        raise DocumentError(
+            ".pdf is not a supported format: its layout cannot be rebuilt as a document here (convert it to .docx "
+            "first, e.g. with LibreOffice: soffice --convert-to docx file.pdf)"
+        )
     if reader is None:
-        raise DocumentError(f"{extension or 'a file without an extension'} is not a supported format")
+        raise DocumentError(
+            f"{extension or 'a file without an extension'} is not a supported format (supported: "
+            f"{', '.join(READERS)})"
+        )
     if not data:
         raise DocumentError("the file is empty")
     document = reader(data)
@@ -211,5 +243,5 @@ def read_document(data: bytes, extension: str) -> Document:
 
 __all__ = [
     "FORMATS", "Document", "DocumentError", "Segment", "extension_of", "markup_text", "read_document",
-    "runs_markup", "split_runs",
+    "runs_markup", "runs_segment", "split_runs", "with_spacing",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from service.documents.formats import Document, DocumentError, Segment, decode_text
+from service.documents.formats import Document, DocumentError, Segment, decode_text, with_spacing
 from service.documents.office import parse_part, serialize_part
 
 XLIFF_1 = "urn:oasis:names:tc:xliff:document:1.2"
@@ -88,10 +88,7 @@ class XliffDocument(Document):
 
     def render(self, translations: list[str]) -> bytes:
         for (element, side), translation in zip(self._places, translations, strict=True):
-            original = getattr(element, side)
-            lead = original[: len(original) - len(original.lstrip())]
-            trail = original[len(original.rstrip()) :]
-            setattr(element, side, lead + translation + trail)
+            setattr(element, side, with_spacing(getattr(element, side), translation))
         return serialize_part(self._root)
 
 

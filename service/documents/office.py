@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from service.documents.formats import Document, DocumentError, Segment, runs_markup, split_runs
+from service.documents.formats import Document, DocumentError, Segment, runs_segment, split_runs, with_spacing
 
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024  # what an archive may expand to (a zip bomb stops here)
 MAX_ARCHIVE_MEMBERS = 10_000
@@ -103,26 +103,15 @@ class RunParagraphs:
                 pieces[-1] = (keys[style], pieces[-1][1] + text)
             elif text:
                 pieces.append((keys[style], text))
-        if not "".join(text for _, text in pieces).strip():
-            return
-        weights = [0] * len(templates)
-        for key, text in pieces:
-            weights[key] += len(text)
-        main = weights.index(max(weights))
-        if len({key for key, _ in pieces}) == 1:
-            self.segments.append(Segment("".join(text for _, text in pieces)))
-        else:
-            self.segments.append(Segment(runs_markup(pieces, main), html=True))
-        self._places.append(("runs", grammar, paragraph, templates, main, runs))
+        found = runs_segment(pieces, len(templates))
+        if found is not None:
+            self.segments.append(found[0])
+            self._places.append(("runs", grammar, paragraph, templates, found[1], runs))
 
     def render(self, translations: list[str]) -> None:
         for place, translation, segment in zip(self._places, translations, self.segments, strict=True):
             if place[0] == "node":
-                node = place[1]
-                original = node.text
-                lead = original[: len(original) - len(original.lstrip())]
-                trail = original[len(original.rstrip()) :]
-                set_text(node, lead + translation + trail)
+                set_text(place[1], with_spacing(place[1].text, translation))
                 continue
             _, grammar, paragraph, templates, main, runs = place
             pieces = split_runs(translation, main) if segment.html else [(main, translation)]
@@ -154,6 +143,16 @@ def parse_part(data: bytes, kind: str):
         return etree.fromstring(data, parser)
     except etree.XMLSyntaxError as error:
         raise DocumentError(f"the {kind} holds a part that is not XML ({error})") from None
+
+
+def rewrite_archive(members: list[tuple[zipfile.ZipInfo, bytes]], replaced: dict[str, bytes]) -> bytes:
+    """The archive again, member by member in its order and with its compression (an OpenDocument's or an EPUB's
+    stored `mimetype` first), `replaced` members' contents swapped."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for info, content in members:
+            archive.writestr(info, replaced.get(info.filename, content))
+    return out.getvalue()
 
 
 def serialize_part(element) -> bytes:
@@ -250,16 +249,10 @@ class SpreadsheetDocument(Document):
 
     def render(self, translations: list[str]) -> bytes:
         self._paragraphs.render(translations)
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w") as archive:
-            for info, content in self._members:
-                if info.filename in self._parts:
-                    content = serialize_part(self._parts[info.filename])
-                archive.writestr(info, content)
-        return out.getvalue()
+        return rewrite_archive(self._members, {name: serialize_part(e) for name, e in self._parts.items()})
 
 
 READERS = {".docx": WordDocument, ".pptx": SlidesDocument, ".xlsx": SpreadsheetDocument}
 
 __all__ = ["READERS", "PackageDocument", "RunParagraphs", "SlidesDocument", "SpreadsheetDocument", "WordDocument",
-           "open_archive"]
+           "open_archive", "parse_part", "rewrite_archive", "serialize_part"]

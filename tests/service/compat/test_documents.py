@@ -20,6 +20,7 @@ import pytest
 from pptx.util import Inches
 from translate.storage import pypo, xliff
 
+from tests.harness.documents import word_file as plain_word_file
 from tests.service.conftest import API_KEYS
 
 pytestmark = pytest.mark.slow
@@ -210,6 +211,18 @@ def test_an_xliff_gets_a_target_for_each_untranslated_unit(translator):
     )
     result = xliff.xlifffile(translate_document(translator, document.encode(), "ui.xlf", source_lang="EN"))
     assert [unit.target for unit in result.units] == [translated(translator, text) for text in CELLS]
+
+
+def test_a_paragraph_comes_out_as_v1_translate_gives_it_alone(translator, client):
+    texts = [*PARAGRAPHS, *CELLS]
+    translated_file = translate_document(translator, plain_word_file(texts), "a.docx", source_lang="EN")
+    result = docx.Document(io.BytesIO(translated_file))
+    alone = [
+        client.post("/v1/translate", json={"texts": [text], "source_lang": "en", "target_lang": "zh"}).json()[
+            "translations"][0]["text"]
+        for text in texts
+    ]
+    assert [p.text for p in result.paragraphs] == alone
 
 
 def test_subtitles_keep_every_cue_number_and_timing(translator):

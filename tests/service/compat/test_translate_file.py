@@ -10,9 +10,16 @@ from __future__ import annotations
 import io
 
 import docx
+import ebooklib
 import httpx
 import libretranslate_aio
+import odf.opendocument
+import odf.teletype
+import odf.text
 import pytest
+from ebooklib import epub
+from lxml import etree
+from odf.opendocument import OpenDocumentText
 
 from tests.service.conftest import API_KEYS
 
@@ -121,6 +128,49 @@ def test_html_and_subtitles_come_back_in_their_type(client, name, content, media
         assert download.text == expected
     else:
         assert download.text == "1\n00:00:01,000 --> 00:00:02,000\n" + translated_text(client, "I like tea.") + "\n"
+
+
+def test_an_odt_comes_back_an_odt_with_its_heading_and_paragraphs(service_url, client, tmp_path):
+    document = OpenDocumentText()
+    document.text.addElement(odf.text.H(outlinelevel=1, text="Thank you."))
+    for text in ("I like tea.", "We went to school today."):
+        document.text.addElement(odf.text.P(text=text))
+    document.save(str(tmp_path / "notes.odt"))
+    with libretranslate_aio.LibreTranslate(service_url) as api:
+        url = api.translate_file(tmp_path / "notes.odt", source="en", target="zh").translated_file_url
+    download = client.get(url)
+    assert download.headers["content-type"] == "application/vnd.oasis.opendocument.text"
+    result = odf.opendocument.load(io.BytesIO(download.content))
+    (heading,) = result.getElementsByType(odf.text.H)
+    assert odf.teletype.extractText(heading) == translated_text(client, "Thank you.")
+    assert [odf.teletype.extractText(p) for p in result.getElementsByType(odf.text.P)] == [
+        translated_text(client, text) for text in ("I like tea.", "We went to school today.")
+    ]
+
+
+def test_an_epub_comes_back_a_book_whose_chapters_are_well_formed_xhtml(service_url, client, tmp_path):
+    made = epub.EpubBook()
+    made.set_identifier("tea-1")
+    made.set_title("Tea")
+    made.set_language("en")
+    chapter = epub.EpubHtml(title="One", file_name="one.xhtml", lang="en")
+    chapter.content = (
+        "<html><body><h1>I like tea.</h1><p>We went to <b>school</b> today.<br/>Thank you.</p></body></html>"
+    )
+    made.add_item(chapter)
+    made.add_item(epub.EpubNcx())
+    made.add_item(epub.EpubNav())
+    made.spine = ["nav", chapter]
+    epub.write_epub(str(tmp_path / "tea.epub"), made)
+    with libretranslate_aio.LibreTranslate(service_url) as api:
+        url = api.translate_file(tmp_path / "tea.epub", source="en", target="zh").translated_file_url
+    (tmp_path / "tea_zh.epub").write_bytes(client.get(url).content)
+    result = epub.read_epub(str(tmp_path / "tea_zh.epub"))
+    (translated_chapter,) = [i for i in result.get_items_of_type(ebooklib.ITEM_DOCUMENT) if i.file_name == "one.xhtml"]
+    root = etree.fromstring(translated_chapter.get_content())  # XHTML must stay XML
+    heading = root.find(".//{http://www.w3.org/1999/xhtml}h1")
+    assert heading.text == translated_text(client, "I like tea.")
+    assert root.find(".//{http://www.w3.org/1999/xhtml}br") is not None
 
 
 def test_a_key_in_the_multipart_body_is_accepted_and_a_link_needs_none(guarded_url, client, tmp_path):

@@ -7,11 +7,20 @@ import io
 import zipfile
 
 import docx
+import ebooklib
+import odf.draw
+import odf.opendocument
+import odf.presentation
+import odf.style
+import odf.teletype
+import odf.text
 import openpyxl
 import pptx
 import pytest
 from docx.oxml import parse_xml
 from docx.oxml.ns import nsdecls
+from ebooklib import epub
+from odf.opendocument import OpenDocumentPresentation, OpenDocumentText
 from openpyxl.cell.rich_text import CellRichText, TextBlock
 from openpyxl.cell.text import InlineFont
 from pptx.util import Inches
@@ -301,3 +310,99 @@ def test_an_xliff_gets_targets_for_its_untranslated_units_with_their_inline_code
 def test_broken_localisation_files_say_why(data, extension):
     with pytest.raises(DocumentError):
         read_document(data, extension)
+
+
+def text_document() -> bytes:
+    document = OpenDocumentText()
+    bold = odf.style.Style(name="Bold", family="text")
+    bold.addElement(odf.style.TextProperties(fontweight="bold"))
+    document.automaticstyles.addElement(bold)
+    document.text.addElement(odf.text.H(outlinelevel=1, text="Tea"))
+    paragraph = odf.text.P(text="We went to ")
+    paragraph.addElement(odf.text.Span(stylename=bold, text="school"))
+    paragraph.addText(" today.")
+    document.text.addElement(paragraph)
+    linked = odf.text.P(text="See ")
+    linked.addElement(odf.text.A(href="https://example.com/", text="the site"))
+    document.text.addElement(linked)
+    out = io.BytesIO()
+    document.write(out)
+    return out.getvalue()
+
+
+def test_an_odt_keeps_its_headings_spans_and_links():
+    document = read_document(text_document(), ".odt")
+    assert [s.text for s in document.segments] == [
+        "Tea", 'We went to <span data-run="1">school</span> today.', "See", "the site",
+    ]
+    rendered = document.render(["茶", '我们今天去了<span data-run="1">学校</span>。', "看", "网站"])
+    result = odf.opendocument.load(io.BytesIO(rendered))
+    (heading,) = result.getElementsByType(odf.text.H)
+    paragraph, linked = result.getElementsByType(odf.text.P)
+    assert odf.teletype.extractText(heading) == "茶" and odf.teletype.extractText(paragraph) == "我们今天去了学校。"
+    spans = paragraph.getElementsByType(odf.text.Span)
+    assert [(span.getAttribute("stylename"), odf.teletype.extractText(span)) for span in spans] == [("Bold", "学校")]
+    (link,) = linked.getElementsByType(odf.text.A)
+    assert link.getAttribute("href") == "https://example.com/" and odf.teletype.extractText(link) == "网站"
+    assert zipfile.ZipFile(io.BytesIO(rendered)).infolist()[0].filename == "mimetype"  # stored first, as ODF asks
+
+
+def test_an_odp_keeps_its_frames_and_notes():
+    document = OpenDocumentPresentation()
+    page = odf.draw.Page(name="one", masterpagename="")
+    document.presentation.addElement(page)
+    frame = odf.draw.Frame(width="20cm", height="3cm", x="1cm", y="1cm")
+    page.addElement(frame)
+    box = odf.draw.TextBox()
+    frame.addElement(box)
+    box.addElement(odf.text.P(text="Welcome to the talk."))
+    notes, notes_frame, notes_box = odf.presentation.Notes(), odf.draw.Frame(), odf.draw.TextBox()
+    page.addElement(notes)
+    notes.addElement(notes_frame)
+    notes_frame.addElement(notes_box)
+    notes_box.addElement(odf.text.P(text="Speak slowly."))
+    out = io.BytesIO()
+    document.write(out)
+    read = read_document(out.getvalue(), ".odp")
+    assert [s.text for s in read.segments] == ["Welcome to the talk.", "Speak slowly."]
+    result = odf.opendocument.load(io.BytesIO(read.render(["欢迎。", "慢慢说。"])))
+    assert [odf.teletype.extractText(p) for p in result.getElementsByType(odf.text.P)] == ["欢迎。", "慢慢说。"]
+    assert len(result.getElementsByType(odf.draw.Page)) == 1 and result.getElementsByType(odf.presentation.Notes)
+
+
+def book() -> bytes:
+    made = epub.EpubBook()
+    made.set_identifier("tea-1")
+    made.set_title("Tea")
+    made.set_language("en")
+    chapter = epub.EpubHtml(title="One", file_name="one.xhtml", lang="en")
+    chapter.content = "<html><body><h1>I like tea.</h1><p>We went to <b>school</b> today.</p></body></html>"
+    made.add_item(chapter)
+    made.toc = (chapter,)
+    made.add_item(epub.EpubNcx())
+    made.add_item(epub.EpubNav())
+    made.spine = ["nav", chapter]
+    out = io.BytesIO()
+    epub.write_epub(out, made)
+    return out.getvalue()
+
+
+def test_an_epub_has_each_content_document_as_one_html_segment_and_stays_a_book(tmp_path):
+    document = read_document(book(), ".epub")
+    assert len(document.segments) == 2 and all(s.html for s in document.segments)  # the chapter and the nav
+    rendered = document.render([s.text.replace("I like tea.", "我喜欢茶。") for s in document.segments])
+    (tmp_path / "tea.epub").write_bytes(rendered)
+    result = epub.read_epub(str(tmp_path / "tea.epub"))
+    chapter = next(item for item in result.get_items_of_type(ebooklib.ITEM_DOCUMENT) if item.file_name == "one.xhtml")
+    assert "<h1>我喜欢茶。</h1>" in chapter.get_content().decode("utf-8")
+    assert result.get_metadata("DC", "title")[0][0] == "Tea"
+
+
+@pytest.mark.parametrize("extension", [".odt", ".odp", ".epub"])
+def test_an_archive_of_another_kind_under_an_opendocument_or_epub_name_says_so(extension):
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("mimetype", "application/zip")
+        archive.writestr("content.xml", "<x/>")
+    with pytest.raises(DocumentError, match=f"not a valid \\{extension}"):
+        read_document(out.getvalue(), extension)
