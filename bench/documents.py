@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-documents-") as scratch:
         config = bench_config(free_port(), None, noop=False)
         store_url = f"sqlite:///{scratch}/state.db"
-        config["applications"][0]["args"].update(store_url=store_url, documents={"directory": f"{scratch}/documents"})
+        config["applications"][0]["args"].update(store_url=store_url)
         started: list[int] = []
         with serve_running(config, Path(scratch), timeout_s=600, started=started) as url:
             with httpx.Client(base_url=url, timeout=600) as client:

@@ -177,7 +177,7 @@ class Ingress:
         self._glossaries = Glossaries(store)
         documents = self.config.documents
         self._documents = DocumentJobs(
-            store, documents.expanded_directory, retention_s=documents.retention_s, lease_s=documents.lease_s,
+            store, documents.queue, retention_s=documents.retention_s, lease_s=documents.lease_s,
             max_attempts=documents.max_attempts, max_file_bytes=documents.max_file_bytes,
             max_characters=documents.max_characters,
         )

@@ -45,15 +45,16 @@ DEFAULT_MODELS = [
 
 
 class DocumentsConfig(BaseModel):
-    """Document translation (DeepL's /v2/document, LibreTranslate's /translate_file): where files live, how long,
-    and the limits."""
+    """Document translation (DeepL's /v2/document, LibreTranslate's /translate_file): the jobs and their files live
+    in the store (store_url), for how long, and the limits."""
 
     model_config = ConfigDict(extra="forbid")
 
-    directory: str = Field(
-        "~/.local/state/attention-translate/documents",
-        description="Where uploaded and translated files live until downloaded or expired; ~ and $VARS expand. "
-        "On a cluster, a directory every node mounts (a ReadWriteMany volume), as the jobs live in the shared store.",
+    queue: str = Field(
+        "documents",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="The name of this deployment's document queue in the store: deployments that share a store "
+        "take only their own queue's jobs.",
     )
     retention_s: float = Field(
         3600, gt=0, description="A finished (or failed) document is deleted this long after, if not downloaded."
@@ -71,9 +72,6 @@ class DocumentsConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, le=100, description="Times a job is taken before it is given up as error.")
     poll_s: float = Field(1.0, gt=0, le=60, description="How often an idle worker looks for queued jobs.")
 
-    @property
-    def expanded_directory(self) -> str:
-        return os.path.expanduser(os.path.expandvars(self.directory))
 
 
 class ServiceConfig(BaseModel):

@@ -52,6 +52,13 @@ SCHEMA = (
         expires DOUBLE PRECISION
     )""",
     "CREATE INDEX IF NOT EXISTS documents_by_status ON documents (queue, status, created)",
+    # a document's upload, its saved segments and its result (BYTEA: PostgreSQL's bytes; SQLite stores them as given)
+    """CREATE TABLE IF NOT EXISTS document_files (
+        document_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (document_id, name)
+    )""",
     # bumped by every change, so that a replica's cache knows when to drop what it holds
     "CREATE TABLE IF NOT EXISTS generations (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
 )

@@ -1,8 +1,8 @@
-"""Document jobs: a row each in the shared store (service/store.py), their files in one directory every replica
-reaches. A job is queued on upload, claimed by one replica's worker under a lease it renews as it goes, and
-taken again, from the segments it had saved, by any worker once the lease runs out or by one on the same machine
-as soon as the holder's process is gone. The
-directory names the queue: deployments that share a store but not a directory never take each other's jobs.
+"""Document jobs: a row each in the shared store (service/store.py), their files beside it in the same store, so
+that every replica on every node reaches both. A job is queued on upload, claimed by one replica's worker under a
+lease it renews as it goes, and taken again, from the segments it had saved, by any worker once the lease runs out
+or by one on the same machine as soon as the holder's process is gone. Deployments that share a store keep apart
+by their queue's name.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from service.errors import DocumentNotFoundError, DocumentNotReadyError
 from service.store import Store
@@ -87,31 +85,35 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+_UPSERT_FILE = (
+    "INSERT INTO document_files (document_id, name, data) VALUES (?, ?, ?) "
+    "ON CONFLICT (document_id, name) DO UPDATE SET data = excluded.data"
+)
+
+
 class DocumentJobs:
-    """The jobs and their files. Every call blocks (the routes and the worker run them in a thread)."""
+    """The jobs of one queue and their files. Every call blocks (the routes and the worker run them in a thread)."""
 
     def __init__(
-        self, store: Store, directory: str | Path, *, retention_s: float, lease_s: float, max_attempts: int,
+        self, store: Store, queue: str, *, retention_s: float, lease_s: float, max_attempts: int,
         max_file_bytes: int, max_characters: int,
     ) -> None:
-        self.store = store
-        self.directory = Path(directory).expanduser()
+        self.store, self.queue = store, queue
         self.retention_s, self.lease_s, self.max_attempts = retention_s, lease_s, max_attempts
         self.max_file_bytes, self.max_characters = max_file_bytes, max_characters  # the upload's limits
-        self.queue = str(self.directory.resolve())
 
-    def _folder(self, document_id: str) -> Path:
-        return self.directory / document_id
+    def _file(self, document_id: str, name: str) -> bytes | None:
+        rows = self.store.rows(
+            "SELECT data FROM document_files WHERE document_id = ? AND name = ?", (document_id, name)
+        )
+        return bytes(rows[0][0]) if rows else None
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Written whole or not at all (a replica lost mid-write leaves the previous file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        partial.write_bytes(data)
-        os.replace(partial, path)
-
-    def _job(self, row: tuple) -> Job:
-        return Job(*row)
+    @staticmethod
+    def _drop_files(document_id: str, *names: str) -> tuple[str, tuple]:
+        if not names:
+            return "DELETE FROM document_files WHERE document_id = ?", (document_id,)
+        marks = ", ".join("?" for _ in names)
+        return f"DELETE FROM document_files WHERE document_id = ? AND name IN ({marks})", (document_id, *names)
 
     def _find(self, document_id: str) -> Job | None:
         if not _ID.match(document_id):
@@ -119,24 +121,23 @@ class DocumentJobs:
         rows = self.store.rows(
             f"SELECT {_COLUMNS} FROM documents WHERE document_id = ? AND queue = ?", (document_id, self.queue)
         )
-        return self._job(rows[0]) if rows else None
+        return Job(*rows[0]) if rows else None
 
     def _new(
         self, owner: str, status: str, filename: str, extension: str, source_lang: str | None, target_lang: str,
         glossary_id: str | None, segments_total: int, characters: int, **files: bytes,
     ) -> tuple[str, str]:
-        """A new row and its files (written first: a row never names a missing file): (document_id, key)."""
+        """A new row and its files, in one transaction: (document_id, key)."""
         document_id, key = uuid.uuid4().hex.upper(), secrets.token_hex(32).upper()
-        for name, data in files.items():
-            self._write(self._folder(document_id) / name, data)
         now = time.time()
-        self.store.change([(
-            "INSERT INTO documents (document_id, queue, key_digest, owner, status, filename, extension, source_lang,"
-            " target_lang, glossary_id, created, updated, attempts, segments_total, segments_done, billed_characters,"
-            " expires) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, 0, ?, ?)",
-            (document_id, self.queue, _digest(key), owner, status, filename, extension, source_lang, target_lang,
-             glossary_id, now, now, segments_total, characters, now + self.retention_s),
-        )], None)
+        self.store.change([
+            *((_UPSERT_FILE, (document_id, name, data)) for name, data in files.items()),
+            ("INSERT INTO documents (document_id, queue, key_digest, owner, status, filename, extension, source_lang,"
+             " target_lang, glossary_id, created, updated, attempts, segments_total, segments_done,"
+             " billed_characters, expires) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, 0, ?, ?)",
+             (document_id, self.queue, _digest(key), owner, status, filename, extension, source_lang, target_lang,
+              glossary_id, now, now, segments_total, characters, now + self.retention_s)),
+        ], None)
         return document_id, key
 
     # ---- the client's side -----------------------------------------------------------------
@@ -144,7 +145,7 @@ class DocumentJobs:
         self, owner: str, filename: str, extension: str, data: bytes, source_lang: str | None, target_lang: str,
         glossary_id: str | None, segments_total: int, characters: int,
     ) -> tuple[str, str]:
-        """A queued job for `data`: (document_id, document_key). The file is saved before the row exists."""
+        """A queued job for `data`: (document_id, document_key)."""
         return self._new(owner, "queued", filename, extension, source_lang, target_lang, glossary_id, segments_total,
                          characters, input=data)
 
@@ -166,12 +167,10 @@ class DocumentJobs:
     def read_result(self, document_id: str, key: str) -> tuple[Job, bytes]:
         """A done job's file, kept for more downloads until it expires (a LibreTranslate link)."""
         job = self.get(document_id, key, None)
-        try:
-            if job.status == "done":
-                return job, (self._folder(document_id) / "output").read_bytes()
-        except FileNotFoundError:
-            pass
-        raise DocumentNotFoundError("Document not found")
+        data = self._file(document_id, "output") if job.status == "done" else None
+        if data is None:
+            raise DocumentNotFoundError("Document not found")
+        return job, data
 
     def take_result(self, document_id: str, key: str, owner: str) -> tuple[Job, bytes]:
         """A done job's file, once: the job and its files are deleted as it is handed over."""
@@ -180,16 +179,13 @@ class DocumentJobs:
             if job.status == "error":
                 raise DocumentNotFoundError(f"Document translation failed: {job.error_message}")
             raise DocumentNotReadyError("Document not ready")
-        try:
-            data = (self._folder(document_id) / "output").read_bytes()
-        except FileNotFoundError:
-            raise DocumentNotFoundError("Document not found") from None
-        taken = self.store.change(
-            [("DELETE FROM documents WHERE document_id = ? AND status = 'done'", (document_id,))], None
-        )
-        if taken[0] != 1:  # another download took it first
+        data = self._file(document_id, "output")
+        taken = self.store.change([
+            ("DELETE FROM documents WHERE document_id = ? AND status = 'done'", (document_id,)),
+            self._drop_files(document_id),
+        ], None)
+        if data is None or taken[0] != 1:  # another download took it first
             raise DocumentNotFoundError("Document not found")
-        shutil.rmtree(self._folder(document_id), ignore_errors=True)
         return job, data
 
     # ---- the worker's side -----------------------------------------------------------------
@@ -243,39 +239,45 @@ class DocumentJobs:
         return changed[0] == 1
 
     def finish(self, job: Job, worker: str, data: bytes) -> bool:
-        self._write(self._folder(job.document_id) / "output", data)
+        """The job done with `data` its result, if it is still this worker's (one transaction)."""
         now = time.time()
-        changed = self.store.change([(
-            "UPDATE documents SET status = 'done', segments_done = segments_total, seconds_remaining = NULL, "
-            "lease_owner = NULL, lease_until = NULL, updated = ?, expires = ? WHERE document_id = ? AND "
-            "lease_owner = ? AND status = 'translating'",
-            (now, now + self.retention_s, job.document_id, worker),
-        )], None)
-        (self._folder(job.document_id) / "progress.json").unlink(missing_ok=True)
+        changed = self.store.change([
+            ("UPDATE documents SET status = 'done', segments_done = segments_total, seconds_remaining = NULL, "
+             "lease_owner = NULL, lease_until = NULL, updated = ?, expires = ? WHERE document_id = ? AND "
+             "lease_owner = ? AND status = 'translating'",
+             (now, now + self.retention_s, job.document_id, worker)),
+            (_UPSERT_FILE, (job.document_id, "output", data)),
+            self._drop_files(job.document_id, "input", "progress"),
+        ], None)
         return changed[0] == 1
 
     def fail(self, job: Job, worker: str, message: str) -> None:
         now = time.time()
-        self.store.change([(
-            "UPDATE documents SET status = 'error', error_message = ?, seconds_remaining = NULL, lease_owner = NULL,"
-            " lease_until = NULL, updated = ?, expires = ? WHERE document_id = ? AND lease_owner = ?",
-            (message[:1000], now, now + self.retention_s, job.document_id, worker),
-        )], None)
-        for name in ("input", "progress.json"):
-            (self._folder(job.document_id) / name).unlink(missing_ok=True)
+        self.store.change([
+            ("UPDATE documents SET status = 'error', error_message = ?, seconds_remaining = NULL, lease_owner = NULL,"
+             " lease_until = NULL, updated = ?, expires = ? WHERE document_id = ? AND lease_owner = ?",
+             (message[:1000], now, now + self.retention_s, job.document_id, worker)),
+            self._drop_files(job.document_id, "input", "progress"),
+        ], None)
 
     def read_input(self, job: Job) -> bytes:
-        return (self._folder(job.document_id) / "input").read_bytes()
+        data = self._file(job.document_id, "input")
+        if data is None:
+            raise DocumentNotFoundError("the document's upload is gone")
+        return data
 
     def read_progress(self, job: Job) -> list[str]:
         """The translations of the segments done before (a job taken again goes on from them)."""
+        data = self._file(job.document_id, "progress")
         try:
-            return json.loads((self._folder(job.document_id) / "progress.json").read_text("utf-8"))
-        except (FileNotFoundError, ValueError):
+            return json.loads(data.decode("utf-8")) if data is not None else []
+        except ValueError:
             return []
 
     def save_progress(self, job: Job, translations: list[str]) -> None:
-        self._write(self._folder(job.document_id) / "progress.json", json.dumps(translations).encode("utf-8"))
+        self.store.change(
+            [(_UPSERT_FILE, (job.document_id, "progress", json.dumps(translations).encode("utf-8")))], None
+        )
 
     def expire(self) -> int:
         """Delete the jobs past their retention time (done and never downloaded, failed, or abandoned)."""
@@ -285,12 +287,11 @@ class DocumentJobs:
             (self.queue, now),
         )
         for (document_id,) in expired:
-            deleted = self.store.change([(
-                "DELETE FROM documents WHERE document_id = ? AND expires < ? AND status IN ('done', 'error')",
-                (document_id, now),
-            )], None)
-            if deleted[0] == 1:
-                shutil.rmtree(self._folder(document_id), ignore_errors=True)
+            self.store.change([
+                ("DELETE FROM documents WHERE document_id = ? AND expires < ? AND status IN ('done', 'error')",
+                 (document_id, now)),
+                self._drop_files(document_id),
+            ], None)
         return len(expired)
 
 

@@ -88,7 +88,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         metrics_dir=str(metrics_root / "translate"),
         store_url=TEST_STORE_URL or f"sqlite:///{metrics_root / 'translate-state.db'}",
         # a short lease: a lost ingress replica's document is taken by the other within seconds
-        documents={"directory": str(metrics_root / "translate-documents"), "lease_s": 5},
+        documents={"queue": "translate", "lease_s": 5},
     )
     if TEST_SCHEDULER:  # the guarded app below keeps the static batcher: its 504 comes from the batch wait
         main["args"]["scheduler"] = TEST_SCHEDULER
@@ -113,7 +113,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         metrics_dir=str(metrics_root / "guarded"),
         store_url=f"sqlite:///{metrics_root / 'guarded-state.db'}",
         # no document worker: a job would hold the one in-flight slot the 503 and 504 tests count on
-        documents={"directory": str(metrics_root / "guarded-documents"), "workers_per_replica": 0},
+        documents={"queue": "guarded", "workers_per_replica": 0},
     )
     guarded_translator = _deployment(template, "translator-en-zh")
     guarded_translator.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
@@ -128,7 +128,7 @@ def serve_config_for_tests(models: dict[str, Path], metrics_root: Path, port: in
         layout=shipped["args"]["layout"],
         metrics_dir=str(metrics_root / "colocated"),
         store_url=f"sqlite:///{metrics_root / 'colocated-state.db'}",
-        documents={"directory": str(metrics_root / "colocated-documents")},
+        documents={"queue": "colocated"},
     )
     (colocated_ingress,) = copy.deepcopy(shipped["deployments"])
     colocated_ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
@@ -152,7 +152,7 @@ def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, por
     main = config["applications"][0]
     main["args"].update({"scheduler": "continuous", "max_rows": 8})
     main["args"]["store_url"] = f"sqlite:///{metrics_root / 'continuous-state.db'}"
-    main["args"]["documents"] = {"directory": str(metrics_root / "continuous-documents")}
+    main["args"]["documents"] = {"queue": "continuous"}
     for model_id, path in ((SHIPPED_MODEL, "en-zh"), (SHIFT_MODEL, str(models[SHIFT_MODEL]))):
         main["args"]["models"].append(
             {"id": model_id, "path": path, "source_lang": "en", "target_lang": "zh", "dtype": "float32"}
@@ -166,7 +166,7 @@ def continuous_config_for_tests(models: dict[str, Path], metrics_root: Path, por
         models=[{"id": "en-zh", "path": "en-zh", "source_lang": "en", "target_lang": "zh"}],
         metrics_dir=str(metrics_root / "shipped"),
         store_url=f"sqlite:///{metrics_root / 'shipped-state.db'}",
-        documents={"directory": str(metrics_root / "shipped-documents")},
+        documents={"queue": "shipped"},
     )
     (ingress,) = shipped["deployments"]
     ingress.update(num_replicas=1, ray_actor_options={"num_cpus": 0.1})
