@@ -265,6 +265,15 @@ def test_a_glossarys_terms_are_kept_in_a_document(translator):
     assert "猫" in expected and result.decode("utf-8") == expected + "\n"
 
 
+def test_placeholders_urls_and_numbers_in_a_document_come_back_byte_for_byte(translator):
+    spans = ["%s", "{{name}}", "https://example.com/a?b=1", "1,234,567"]
+    lines = [f"Hello {spans[0]}, I like tea.", f"Thank you, {spans[1]}.", f"See {spans[2]} today.",
+             f"We sold {spans[3]} cups."]
+    result = translate_document(translator, "\n".join(lines).encode(), "ui.txt", source_lang="EN").decode("utf-8")
+    for line, span in zip(result.split("\n"), spans, strict=True):
+        assert line.count(span) == 1, (line, span)
+
+
 def test_four_documents_at_once_all_finish(translator):
     files = [(word_file(), "a.docx"), (SUBTITLES, "b.srt"), (PAGE.encode(), "c.html"), (b"I like tea.\n", "d.txt")]
     # four at once: both ingress replicas' workers take two each (documents.workers_per_replica)
