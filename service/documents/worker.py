@@ -59,7 +59,7 @@ async def translate_segments(
 async def translate_document(
     backend: TranslationBackend, segments: list[Segment], source: str, target: str, glossary,
     done: list[str] | None = None, saved=None, retries: int = TRANSIENT_RETRIES,
-) -> list[str]:
+) -> list[str] | None:
     """Every segment's translation, CHUNK_SEGMENTS at a time from those `done` before; after each chunk,
     `saved(done)` (a coroutine function) records them, and a False from it stops the work (None is returned).
     A chunk refused for load or time is sent again `retries` times."""
