@@ -265,10 +265,6 @@ class Ingress:
         return [LanguagePair(spec.id, spec.source_lang, spec.target_lang) for spec in self.specs.values()]
 
     @property
-    def signing_secret(self) -> bytes:
-        return self.secret
-
-    @property
     def keys_required(self) -> bool:
         return bool(self.api_keys)
 

@@ -28,7 +28,7 @@ from service.errors import (
 OPERATIONAL_PATHS = ("/healthz", "/readyz", "/metrics", "/health")
 # LibreTranslate's /languages and /frontend/settings need no key there either.
 PUBLIC_PATHS = ("/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/languages", "/frontend/settings")
-PUBLIC_PREFIXES = ("/static/", "/download_file/")  # a download link is signed: it is its own key
+PUBLIC_PREFIXES = ("/static/", "/download_file/")  # a download link holds its file's random key: it is its own key
 # Routes that take a file: their bodies may be as large as documents.max_file_bytes, and the form around it.
 UPLOAD_PATHS = ("/v2/document", "/translate_file")
 UPLOAD_OVERHEAD_BYTES = 64 * 1024

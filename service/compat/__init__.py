@@ -1,3 +1,4 @@
-"""LibreTranslate's and DeepL v2's APIs on the served models: their routes, their shared translation path and the
-signed file links. The wing talks to the service core only through `TranslationBackend` (service/compat/backend.py).
+"""LibreTranslate's and DeepL v2's APIs on the served models: their routes (documents and glossaries among them)
+and their shared translation path. The wing talks to the service core only through `TranslationBackend`
+(service/compat/backend.py).
 """

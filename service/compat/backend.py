@@ -38,11 +38,6 @@ class TranslationBackend(Protocol):
         ...
 
     @property
-    def signing_secret(self) -> bytes:
-        """The key that signs explanation ids and file links (the same on every replica)."""
-        ...
-
-    @property
     def keys_required(self) -> bool:
         """Whether the service asks for API keys."""
         ...

@@ -12,7 +12,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
-from service.compat.deepl_glossaries import stored
+from service.compat.deepl_glossaries import glossary_for_pair, stored
 from service.compat.translation import request_fields, resolve_source, resolve_target
 from service.documents.formats import Document, DocumentError, extension_of, read_document
 from service.errors import (
@@ -94,14 +94,7 @@ def router(backend: BackendProvider) -> APIRouter:
         glossary_id = fields.get("glossary_id", "").strip() or None
         owner = service.owner(request)
         if glossary_id is not None:
-            if source_code is None:
-                raise InvalidParameterError("Use of a glossary requires the source_lang parameter to be set")
-            glossary = await stored(lambda: service.glossaries.get(owner, glossary_id))
-            if (glossary.source_lang, glossary.target_lang) != (source_code, target_code):
-                raise InvalidParameterError(
-                    f"The glossary is {glossary.source_lang.upper()}→{glossary.target_lang.upper()}, "
-                    f"the translation {source_code.upper()}→{target_code.upper()}"
-                )
+            await glossary_for_pair(service, request, glossary_id, source_code, target_code)
         document, data = await read_upload(upload, filename, jobs.max_file_bytes, jobs.max_characters)
         document_id, key = await stored(lambda: jobs.create(
             owner, filename, extension, data, source_code, target_code, glossary_id, len(document.segments),

@@ -14,6 +14,7 @@ from service.compat.backend import BackendProvider, TranslationBackend
 from service.compat.translation import request_fields
 from service.errors import (
     InvalidGlossaryError,
+    InvalidParameterError,
     MissingParameterError,
     StoreUnavailableError,
     UnsupportedLanguageError,
@@ -45,6 +46,23 @@ def glossary_pair(backend: TranslationBackend, source: str, target: str) -> tupl
 async def glossary_for(backend: TranslationBackend, request: Request, glossary_id: str) -> Glossary:
     owner = backend.owner(request)
     return await stored(lambda: backend.glossaries.get(owner, glossary_id))
+
+
+async def glossary_for_pair(
+    backend: TranslationBackend, request: Request, glossary_id: str, source: str | None, target: str
+) -> Glossary:
+    """The glossary a DeepL translation names, as DeepL takes it: with `source_lang` set, and of the translation's
+    own pair (codes or their regional variants)."""
+    if source is None:
+        raise InvalidParameterError("Use of a glossary requires the source_lang parameter to be set")
+    glossary = await glossary_for(backend, request, glossary_id)
+    wanted = (source.split("-")[0].lower(), target.split("-")[0].lower())
+    if (glossary.source_lang, glossary.target_lang) != wanted:
+        raise InvalidParameterError(
+            f"The glossary is {glossary.source_lang.upper()}→{glossary.target_lang.upper()}, "
+            f"the translation {wanted[0].upper()}→{wanted[1].upper()}"
+        )
+    return glossary
 
 
 def router(backend: BackendProvider) -> APIRouter:
@@ -103,4 +121,4 @@ def router(backend: BackendProvider) -> APIRouter:
     return routes
 
 
-__all__ = ["glossary_for", "glossary_pair", "router", "stored"]
+__all__ = ["glossary_for", "glossary_for_pair", "glossary_pair", "router", "stored"]

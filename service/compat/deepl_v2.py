@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.compat.backend import BackendProvider
-from service.compat.deepl_glossaries import glossary_for
+from service.compat.deepl_glossaries import glossary_for_pair
 from service.compat.translation import (
     request_fields,
     served_languages,
@@ -82,15 +82,7 @@ def router(backend: BackendProvider) -> APIRouter:
         source = _single(fields, "source_lang")
         glossary = None
         if (glossary_id := _single(fields, "glossary_id")) is not None:
-            if source is None:
-                raise InvalidParameterError("Use of a glossary requires the source_lang parameter to be set")
-            glossary = await glossary_for(backend(request), request, glossary_id)
-            wanted = (source.split("-")[0].lower(), target.split("-")[0].lower())
-            if (glossary.source_lang, glossary.target_lang) != wanted:
-                raise InvalidParameterError(
-                    f"The glossary is {glossary.source_lang.upper()}→{glossary.target_lang.upper()}, "
-                    f"the translation {wanted[0].upper()}→{wanted[1].upper()}"
-                )
+            glossary = await glossary_for_pair(backend(request), request, glossary_id, source, target)
         results = await translate_texts(
             backend(request),
             texts,
