@@ -6,7 +6,7 @@ attention step by step. Translator delegates here; model.explanations holds the 
 from __future__ import annotations
 
 from model.agreeing import Aligner
-from model.decoding.search import Hypothesis
+from model.decoding.search import Hypothesis, forced_pass
 from model.explanations.agreement import AlignmentItem
 from model.explanations.alignment import alignment_matrix
 from model.explanations.attribution import Attributions, attribute
@@ -18,7 +18,6 @@ from model.explanations.explain import (
     forced_decode,
 )
 from model.results import Explanation, Translation
-from model.runtime import forced_pass
 from model.tokenizer import MarianTokenizer
 from model.transformer import Transformer
 from model.translation import Builder

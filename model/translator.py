@@ -386,9 +386,9 @@ class Translator:
         self, source_ids: list[int], target_ids: list[int], encoder_attention: bool = False,
         reverse: Translator | None = None,
     ) -> Explanation:
-        """Teacher-force `target_ids` (eos included) after `source_ids` through the step that decodes (its kernels
-        and precision: model.runtime.forced_pass): the maps, token scores and alignments `translate` gave for that
-        output (with the same `reverse`: agreed with it), plus (encoder_attention) the exact model's encoder maps."""
+        """Teacher-force `target_ids` (eos included) after `source_ids` through the step that decodes (its decode loop,
+        kernels and precision): the maps, token scores and alignments `translate` gave for that output (with the same
+        `reverse`: agreed with it), plus (encoder_attention) the exact model's encoder maps."""
         return self._explainer.explain(
             source_ids, target_ids, encoder_attention, reverse._aligner if reverse is not None else None
         )

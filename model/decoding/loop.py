@@ -75,15 +75,15 @@ class StepLoop:
     def join(
         self, hidden: Tensor, lengths: list[int], beams: list[int], budgets: list[int], min_new_tokens: list[int],
         length_penalties: list[float], captures: list[int], streams: list[bool],
-        constraints: list[list[list[int]]] | None = None,
+        constraints: list[list[list[int]]] | None = None, forced: list[list[int]] | None = None,
     ) -> list[int]:
         """Encoded sources (hidden (n, S, d_model), right-padded) join, each on one row until its first step; returns
-        their ids."""
+        their ids. forced: per source a target to teacher-force (one beam, its length the budget), or []."""
         count, width = hidden.size(0), hidden.size(1)
         if any(not 1 <= length <= width for length in lengths) or len(lengths) != count:
             raise ValueError("a bad request")
         ids = self.search.join(lengths, beams, budgets, min_new_tokens, length_penalties, captures, streams,
-                               [0] * count, constraints or [])
+                               [0] * count, constraints or [], forced or [])
         keys, values = self.decoder_step.cross_key_values(hidden, 1)
         mask = torch.arange(width, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None]
         self.cache.join(keys, values, mask, max(budgets), list(lengths), self.search.beam_rows())

@@ -41,6 +41,7 @@ class _Request:
     step: int = 0
     emitted: int = 0
     cancelled: bool = False
+    forced: list[int] = field(default_factory=list)  # a target teacher-forced, eos included
 
 
 def f32(value: float) -> float:
@@ -74,7 +75,7 @@ class ReferenceLoop:
     def join(
         self, hidden: Tensor, lengths: list[int], beams: list[int], budgets: list[int], min_new_tokens: list[int],
         length_penalties: list[float], captures: list[int], streams: list[bool],
-        constraints: list[list[list[int]]] | None = None,
+        constraints: list[list[list[int]]] | None = None, forced: list[list[int]] | None = None,
     ) -> list[int]:
         if constraints and any(constraints):
             raise ValueError("lexical constraints need the compiled runtime's search (model.decoding.loop)")
@@ -84,6 +85,9 @@ class ReferenceLoop:
                 raise ValueError("a bad request")
             if budgets[i] > self.config.max_position_embeddings:
                 raise ValueError("a budget past the model's positions")
+            target = list(forced[i]) if forced else []
+            if target and (k != 1 or budgets[i] != len(target)):
+                raise ValueError("a forced target decodes on one beam, its length its budget")
             keys, values = self.decoder_step.cross_key_values(hidden[i : i + 1, : lengths[i]], k)
             cache = self.decoder_step.rows_cache()
             cache.join(keys, values, torch.ones(k, lengths[i], dtype=torch.bool, device=self.device), budgets[i],
@@ -91,7 +95,8 @@ class ReferenceLoop:
             beams_of = [_Beam(0.0 if j == 0 else NEG) for j in range(k)]
             slots = [(NEG, False, None)] * k
             self.requests.append(_Request(self._next_id, k, budgets[i], min_new_tokens[i], float(length_penalties[i]),
-                                          captures[i], bool(streams[i]), lengths[i], cache, beams_of, slots))
+                                          captures[i], bool(streams[i]), lengths[i], cache, beams_of, slots,
+                                          forced=target))
             ids.append(self._next_id)
             self._next_id += 1
         return ids
@@ -120,6 +125,14 @@ class ReferenceLoop:
         capture = request.capture in (EVERY_HEAD, ONE_HEAD)
         logits, cross = self.decoder_step.decode_rows(torch.tensor(last, device=self.device), request.cache, capture)
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        maps = None
+        if capture:
+            layer, head = self.head
+            maps = (torch.stack(cross, dim=1) if request.capture == EVERY_HEAD
+                    else cross[layer].mean(dim=1) if head is None else cross[layer][:, head])
+            maps = maps[..., : request.length].float().cpu().clone()  # the step's buffers are reused
+        if request.forced:
+            return self._force(request, logprobs, maps)
         logprobs[:, config.pad_token_id] = float("-inf")
         if request.step + 1 < request.min_new_tokens:
             logprobs[:, config.eos_token_id] = float("-inf")
@@ -127,12 +140,6 @@ class ReferenceLoop:
         if ending:  # the budget ends here: eos is forced
             logprobs[:] = float("-inf")
             logprobs[:, config.eos_token_id] = 0.0
-        maps = None
-        if capture:
-            layer, head = self.head
-            maps = (torch.stack(cross, dim=1) if request.capture == EVERY_HEAD
-                    else cross[layer].mean(dim=1) if head is None else cross[layer][:, head])
-            maps = maps[..., : request.length].float().cpu().clone()  # the step's buffers are reused
 
         # the 2k best continuations over all beams; of equal scores the lower beam, then the lower token, first
         running = torch.tensor([b.score for b in request.beams], dtype=torch.float32)
@@ -171,6 +178,19 @@ class ReferenceLoop:
         request.beams = [child for _, child, _ in going]
         request.step += 1
         return False
+
+    @staticmethod
+    def _force(request: _Request, logprobs: Tensor, maps: Tensor | None) -> bool:
+        """A forced request's step: its next target token at the model's log-probability."""
+        beam, token = request.beams[0], request.forced[request.step]
+        logprob = float(logprobs[0, token])
+        request.beams[0] = _Beam(f32(beam.score + logprob), beam.tokens + [token], beam.logprobs + [logprob],
+                                 beam.attention + ([maps[0]] if maps is not None else []))
+        request.step += 1
+        if request.step < len(request.forced):
+            return False
+        request.finished = [(request.beams[0].score, True, request.beams[0])]
+        return True
 
     @staticmethod
     def _settle(request: _Request, done: bool, tokens: list) -> None:

@@ -28,6 +28,30 @@ class Hypothesis:
     forced: list[bool] = field(default_factory=list)  # per token: set by a constraint (empty: none applied)
 
 
+@dataclass
+class ForcedPass:
+    """A target teacher-forced through a decoding step: what that step computed for each of its tokens."""
+
+    cross_attention: Tensor  # (layers, heads, T, S) float32 on the host
+    token_logprobs: list[float]  # each target token's log-probability (log-softmax over the whole vocabulary)
+
+
+@torch.inference_mode()
+def forced_pass(step, source_ids: list[int], target_ids: list[int]) -> ForcedPass:
+    """`target_ids` (eos included) teacher-forced through `step`'s own decode loop, so the maps and scores are the
+    numbers its search computes. A token forced at the budget has its model log-probability here."""
+    model = step.model
+    hidden = encoded(step, [list(source_ids)], model.config.pad_token_id, model.final_logits_bias.device)
+    loop = new_loop(step)
+    loop.join(hidden, [len(source_ids)], [1], [len(target_ids)], [0], [1.0], [capture_code(True, False)], [False],
+              [], [list(target_ids)])
+    found = []
+    while len(loop):
+        found += loop.step()[1]
+    _, logprobs, _, attention, _ = found[0][1][0]
+    return ForcedPass(attention.permute(1, 2, 0, 3).float().contiguous(), list(logprobs))
+
+
 def default_max_new_tokens(source_length: int, limit: int) -> int:
     """A generous length budget relative to the source: 2 × source + 10, within the model's positions."""
     return max(1, min(limit, 2 * source_length + 10))

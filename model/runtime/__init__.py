@@ -13,13 +13,11 @@ from model.runtime.step import (
     RUNTIME_ENV,
     CompiledStep,
     EagerStep,
-    ForcedPass,
     RuntimeInfo,
-    forced_pass,
     load_step,
 )
 
 __all__ = [
-    "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "ForcedPass", "RuntimeInfo", "build", "compiled_extension",
-    "cast_weights", "forced_pass", "load_step",
+    "CAPTURE", "RUNTIME_ENV", "CompiledStep", "EagerStep", "RuntimeInfo", "build", "compiled_extension", "cast_weights",
+    "load_step",
 ]

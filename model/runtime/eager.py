@@ -3,13 +3,11 @@ is tested against, and the step where it cannot be built."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.transformer import DecoderLayer, EncoderOutput, MultiHeadAttention, Transformer
+from model.transformer import DecoderLayer, MultiHeadAttention, Transformer
 
 # Where a fast mode computes logits inexactly (int8 in the compiled runtime, bf16 weights here), each row's this many
 # best candidates are recomputed in fp32: the 2k candidates of beams up to 8.
@@ -19,14 +17,6 @@ RESCORED_CANDIDATES = 16
 def layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
     """The module's layer norm without the module call's overhead (3 per layer and step)."""
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-
-
-def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """A bool mask (True = attend) as an additive one (0, or the dtype's lowest: weight exactly 0); None when
-    nothing is masked."""
-    if bool(mask.all()):
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 class CastLinear(nn.Linear):
@@ -107,36 +97,8 @@ def context_one(
     return context.view(rows, heads * d_k), weights.view(rows, heads, 1, length) if need_weights else None
 
 
-@dataclass
-class DecoderCache:
-    """Per-layer K/V of a forced pass: every row at the same position, none moving."""
-
-    self_key: list[Tensor]
-    self_value: list[Tensor]
-    cross_key: list[Tensor]
-    cross_value: list[Tensor]
-    source_mask: Tensor | None  # (rows, 1, 1, S) additive float mask over padding; None without padding
-    length: int = 0
-    capacity: int = 0
-    self_mask: Tensor | None = None  # every row is at position `length`: nothing to hide
-
-    @property
-    def rows(self) -> int:
-        """Rows the cross-attention K/V (and so the cache) hold now."""
-        return self.cross_key[0].size(0)
-
-    def append(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Write one step's K/V (rows, h, 1, d_k) of `layer` at position `length`; return K/V so far."""
-        rows, end = key.size(0), self.length + 1
-        self.self_key[layer][:rows, :, self.length : end] = key
-        self.self_value[layer][:rows, :, self.length : end] = value
-        return self.self_key[layer][:rows, :, :end], self.self_value[layer][:rows, :, :end]  # (rows, h, t, d_k)
-
-
-def layer_step(
-    layer: DecoderLayer, x: Tensor, cache: DecoderCache, index: int, need_weights: bool
-) -> tuple[Tensor, Tensor | None]:
-    """DecoderLayer.forward for one new position x (N, 1, d_model) over the cache."""
+def layer_step(layer: DecoderLayer, x: Tensor, cache, index: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """DecoderLayer.forward for one new position x (N, 1, d_model) over the rows of a decode loop."""
     own = layer.self_attn
     query = own.split_heads(own.q_proj(x))  # (N, h, 1, d_k)
     key, value = own.project_key_value(x)  # (N, h, 1, d_k) each
@@ -164,47 +126,7 @@ def cross_key_values(model: Transformer, hidden: Tensor, beams: int | Tensor = 1
     return keys, values
 
 
-def start_cache(
-    model: Transformer, encoder: EncoderOutput, capacity: int, beams: int = 1,
-    cross: tuple[list[Tensor], list[Tensor]] | None = None,
-) -> DecoderCache:
-    """A forced pass's cache for `capacity` steps; cross: the K/V already projected, else projected here."""
-    batch = encoder.hidden.size(0) * beams
-    self_key, self_value = [], []
-    for layer in model.decoder_layers:
-        attn = layer.self_attn
-        shape = (batch, attn.heads, capacity, attn.d_k)
-        self_key.append(encoder.hidden.new_empty(shape))
-        self_value.append(encoder.hidden.new_empty(shape))
-    cross_key, cross_value = cross if cross is not None else cross_key_values(model, encoder.hidden, beams)
-    source_mask = encoder.mask.repeat_interleave(beams, dim=0)[:, None, None, :]
-    mask = additive_mask(source_mask, encoder.hidden.dtype)  # None when nothing is padded
-    return DecoderCache(self_key, self_value, cross_key, cross_value, mask, 0, capacity)
-
-
-def check_room(model: Transformer, step: int, capacity: int) -> None:
-    """ValueError when step `step` does not fit the cache or the model's positions."""
-    if step >= capacity:
-        raise ValueError(f"decoder cache holds {capacity} steps; step {step} does not fit")
-    if step >= model.positions.size(0):
-        raise ValueError(f"position {step} exceeds max_position_embeddings={model.positions.size(0)}")
-
-
-def decode_step(
-    model: Transformer, last_ids: Tensor, cache: DecoderCache, need_weights: bool = False
-) -> tuple[Tensor, list[Tensor] | None]:
-    """One forced step: last_ids (N,) → logits (N, V) and cross-attention per layer (N, h, S)."""
-    step = cache.length
-    check_room(model, step, cache.capacity)
-    x = model.embed(model.decoder_embed_tokens, last_ids[:, None], start=step)  # (N, 1, d)
-    x, cross_attention = step_layers(model, x, cache, need_weights)
-    cache.length = step + 1
-    return logits(model, x[:, 0]), cross_attention
-
-
-def step_layers(
-    model: Transformer, x: Tensor, cache: DecoderCache, need_weights: bool
-) -> tuple[Tensor, list[Tensor] | None]:
+def step_layers(model: Transformer, x: Tensor, cache, need_weights: bool) -> tuple[Tensor, list[Tensor] | None]:
     """Every decoder layer's `layer_step`: the last hidden state and, when asked, each layer's cross-attention."""
     cross_attention = [] if need_weights else None
     for i, layer in enumerate(model.decoder_layers):

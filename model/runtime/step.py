@@ -1,6 +1,5 @@
 """The decoding steps: the compiled step with its kernels chosen on this machine (its own decode loop), the eager
-step it falls back to and, on a GPU, the eager step's CUDA graphs (both under StepLoop's `decode_rows`). Every step
-also runs `forced_pass`, one position at a time, for explanations."""
+step it falls back to and, on a GPU, the eager step's CUDA graphs (both under StepLoop's `decode_rows`)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from model.runtime import eager, graphs
 from model.runtime.extension import ACTIVATIONS, KERNELS, compiled_extension, cpu_model, failure
 from model.runtime.quantize import quantize_per_channel
 from model.runtime.rows import StaticRows
-from model.transformer import EncoderOutput
 
 logger = logging.getLogger("model.runtime")
 
@@ -65,12 +63,6 @@ class EagerStep:
     def cross_key_values(self, hidden: Tensor, beams: int | Tensor = 1) -> tuple[list[Tensor], list[Tensor]]:
         return eager.cross_key_values(self.model, hidden, beams)
 
-    def start_cache(self, encoder, capacity: int, beams: int = 1):
-        return eager.start_cache(self.model, encoder, capacity, beams)
-
-    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
-        return eager.decode_step(self.model, last_ids, cache, need_weights)
-
     def rows_cache(self) -> StaticRows:
         return StaticRows(self.model)
 
@@ -106,35 +98,6 @@ class GraphStep(EagerStep):
         self.graphs.run_rows(cache, need_weights)
         cross = [cache.weights[layer, :count] for layer in range(cache.layers)] if need_weights else None
         return cache.logits[:count], cross
-
-
-@dataclass
-class ForcedPass:
-    """A target teacher-forced through a decoding step: what that step computed for each of its tokens."""
-
-    cross_attention: Tensor  # (layers, heads, T, S) float32 on the host
-    token_logprobs: list[float]  # each target token's log-probability (log-softmax over the whole vocabulary)
-
-
-@torch.inference_mode()
-def forced_pass(step, source_ids: list[int], target_ids: list[int]) -> ForcedPass:
-    """`target_ids` (eos included) teacher-forced through `step` itself, so the maps are the numbers its search
-    computed (every kernel is row-invariant). A token forced at the budget has its model log-probability here."""
-    model = step.model
-    device = model.final_logits_bias.device
-    source = torch.tensor([list(source_ids)], device=device)
-    mask = torch.ones_like(source, dtype=torch.bool)
-    encoder = EncoderOutput(step.encode(source, mask), mask)
-    cache = step.start_cache(encoder, capacity=len(target_ids))
-    inputs = torch.tensor([model.config.decoder_start_token_id, *target_ids[:-1]], device=device)
-    targets = torch.tensor(list(target_ids), device=device)
-    rows, logprobs = [], []
-    for position in range(len(target_ids)):
-        logits, cross = step.decode_step(inputs[position : position + 1], cache, need_weights=True)
-        logprobs.append(torch.log_softmax(logits.float(), dim=-1)[0, targets[position]])
-        rows.append(torch.stack(cross, dim=1)[0])  # (L, h, S)
-    cross_attention = torch.stack(rows, dim=2).float().cpu()  # (L, h, T, S)
-    return ForcedPass(cross_attention, torch.stack(logprobs).cpu().tolist())
 
 
 def weights_precision(model) -> str:
@@ -244,19 +207,6 @@ class CompiledStep:
     def logits(self, hidden: Tensor) -> Tensor:
         """The step's output projection (int8 with rescoring, or fp32) of decoder states (N, d_model)."""
         return self._runtime.logits(hidden.detach().float().contiguous())
-
-    def start_cache(self, encoder, capacity: int, beams: int = 1):
-        return eager.start_cache(self.model, encoder, capacity, beams, self.cross_key_values(encoder.hidden, beams))
-
-    def decode_step(self, last_ids: Tensor, cache, need_weights: bool = False):
-        step = cache.length
-        eager.check_room(self.model, step, cache.capacity)
-        logits, cross = self._runtime.step_at(
-            last_ids, step, cache.self_key, cache.self_value, cache.cross_key, cache.cross_value, cache.source_mask,
-            need_weights,
-        )
-        cache.length = step + 1
-        return logits, (cross if need_weights else None)
 
     def new_loop(self, alignment_head: tuple[int, int | None] | None = None):
         """The compiled decode loop; alignment_head: (layer, head or None for the average) a capture keeps."""

@@ -1,6 +1,6 @@
-"""The incremental decoding step (Transformer.decode_step, the reference the compiled runtime is tested against)
-against the whole-sequence forward pass on the live parameters: equal logits and cross-attention, also after weights
-change in place."""
+"""The eager decoding step (the reference the compiled runtime is tested against), teacher-forced through the decode
+loop, against the whole-sequence forward pass on the live parameters: equal log-probabilities and cross-attention,
+also after weights change in place."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from model import Translator
-from model.runtime.eager import RESCORED_CANDIDATES, cast_weights, decode_step, encode, logits, start_cache
+from model.decoding.search import forced_pass
+from model.runtime import EagerStep
+from model.runtime.eager import RESCORED_CANDIDATES, cast_weights, encode, logits
 
 SOURCES = ["The cat sat on the mat.", "We walk to school together every morning."]
 
@@ -21,50 +23,40 @@ def en_zh() -> Translator:
     return Translator.from_pretrained("en-zh", device="cpu")
 
 
-def stepwise(translator: Translator, source_ids: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor):
-    """Logits (B, T, V) and cross-attention per layer (B, T, h, S), one decode_step per position."""
-    model = translator.model
-    with torch.inference_mode():
-        cache = start_cache(model, model.encode(source_ids, mask), capacity=inputs.size(1))
-        logits, attention = [], []
-        for position in range(inputs.size(1)):
-            step_logits, cross = decode_step(model, inputs[:, position], cache, need_weights=True)
-            logits.append(step_logits)
-            attention.append(torch.stack(cross, dim=1))  # (B, L, h, S)
-    return torch.stack(logits, dim=1), torch.stack(attention, dim=2)  # (B, T, V), (B, L, T, h, S)
+def stepwise(translator: Translator, source_ids: list[int], target_ids: list[int]):
+    """Each target token's log-probability (T,) and the cross-attention (L, h, T, S): one eager step per position,
+    teacher-forced through the decode loop."""
+    decoded = forced_pass(EagerStep(translator.model), source_ids, target_ids)
+    return torch.tensor(decoded.token_logprobs), decoded.cross_attention
 
 
-def whole_sequence(translator: Translator, source_ids: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor):
+def whole_sequence(translator: Translator, source_ids: list[int], target_ids: list[int]):
     """The same through forward with gradients on: F.linear on the parameters themselves."""
     model = translator.model
+    source = torch.tensor([source_ids])
+    inputs = torch.tensor([[translator.config.decoder_start_token_id, *target_ids[:-1]]])
     with torch.enable_grad():
-        encoder = model.encode(source_ids, mask)
+        encoder = model.encode(source, torch.ones_like(source, dtype=torch.bool))
         hidden, cross = model.decode(inputs, encoder, need_weights=True)
-        logits = model.logits(hidden)
-    return logits.detach(), torch.stack([layer.detach().transpose(1, 2) for layer in cross], dim=1)
+        logprobs = torch.log_softmax(model.logits(hidden)[0], dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(target_ids)[:, None])[:, 0]
+    return chosen.detach(), torch.stack([layer[0].detach() for layer in cross])  # (T,), (L, h, T, S)
 
 
-def batch(translator: Translator):
+def pairs(translator: Translator) -> list[tuple[list[int], list[int]]]:
     ids = translator.encode_source(SOURCES)
-    width = max(map(len, ids))
-    source = torch.full((len(ids), width), translator.config.pad_token_id)
-    for row, tokens in enumerate(ids):
-        source[row, : len(tokens)] = torch.tensor(tokens)
-    mask = source != translator.config.pad_token_id
-    targets = [nbest[0].token_ids for nbest in translator.generate(ids, beam_size=1)]
-    length = min(map(len, targets))
-    start = torch.full((len(ids), 1), translator.config.decoder_start_token_id)
-    inputs = torch.cat([start, torch.tensor([t[: length - 1] for t in targets])], dim=1)  # teacher-forced inputs
-    return source, mask, inputs
+    return [(source, nbest[0].token_ids) for source, nbest in zip(ids, translator.generate(ids, beam_size=1))]
 
 
 def assert_steps_match_forward(translator: Translator) -> torch.Tensor:
-    source, mask, inputs = batch(translator)
-    logits, attention = stepwise(translator, source, mask, inputs)
-    expected_logits, expected_attention = whole_sequence(translator, source, mask, inputs)
-    torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(attention, expected_attention, atol=1e-5, rtol=1e-4)
-    return logits
+    found = []
+    for source_ids, target_ids in pairs(translator):
+        logprobs, attention = stepwise(translator, source_ids, target_ids)
+        expected_logprobs, expected_attention = whole_sequence(translator, source_ids, target_ids)
+        torch.testing.assert_close(logprobs, expected_logprobs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(attention, expected_attention, atol=1e-5, rtol=1e-4)
+        found.append(logprobs)
+    return torch.cat(found)
 
 
 def test_decode_step_equals_the_whole_sequence_forward_pass(en_zh):
@@ -73,20 +65,26 @@ def test_decode_step_equals_the_whole_sequence_forward_pass(en_zh):
 
 def test_weights_changed_in_place_are_used_by_the_next_decode():
     translator = Translator.from_pretrained("en-zh", device="cpu")  # its own: the weights are changed below
+    before_pairs = pairs(translator)
     before = assert_steps_match_forward(translator)
     layer = translator.model.decoder_layers[1]
     with torch.no_grad():  # in-place updates, as an optimizer step or load_state_dict makes them
         layer.self_attn.k_proj.weight.mul_(1.5)
         layer.encoder_attn.out_proj.weight.add_(0.01)
         layer.feed_forward.fc2.weight.mul_(0.5)
-    after = assert_steps_match_forward(translator)
-    assert (after - before).abs().max() > 1e-2  # the change reached the logits
+    assert_steps_match_forward(translator)
+    after = torch.cat([stepwise(translator, *pair)[0] for pair in before_pairs])  # the same targets as before
+    assert (after - before).abs().max() > 1e-2  # the change reached the log-probabilities
 
 
 def test_the_eager_encoder_equals_the_lectures_encoder(en_zh):
     """eager.encode (torch's fused attention kernel, padded batch) against the lecture's encoder, which computes each
     attention as QKᵀ → ÷√d_k → softmax → Σ weights·V and returns the weights."""
-    source, mask, _ = batch(en_zh)
+    ids = en_zh.encode_source(SOURCES)
+    source = torch.full((len(ids), max(map(len, ids))), en_zh.config.pad_token_id)
+    for row, tokens in enumerate(ids):
+        source[row, : len(tokens)] = torch.tensor(tokens)
+    mask = source != en_zh.config.pad_token_id
     with torch.inference_mode():
         fused = encode(en_zh.model, source, mask)
         lecture = en_zh.model.encode(source, mask, need_weights=True)

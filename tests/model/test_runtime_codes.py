@@ -1,5 +1,5 @@
 """The codes Python passes the compiled step are its own enums' (pybind11 Kernel, Activation, Capture), and its
-step and its decode loop take named arguments; the build digest covers every source."""
+decode loop takes named arguments; the build digest covers every source."""
 
 from __future__ import annotations
 
@@ -20,13 +20,11 @@ def test_the_python_codes_are_the_compiled_enums():
 
 
 @needs_compiled
-def test_the_step_bindings_name_their_arguments():
+def test_the_loop_bindings_name_their_arguments():
     extension = compiled_extension()
-    docs = extension.Runtime.step_at.__doc__
-    for name in ("position", "source_mask", "need_weights"):
-        assert f"{name}:" in docs
     joined = extension.CompiledLoop.join.__doc__
-    for name in ("hidden", "lengths", "beams", "budgets", "min_new_tokens", "length_penalties", "captures", "streams"):
+    for name in ("hidden", "lengths", "beams", "budgets", "min_new_tokens", "length_penalties", "captures", "streams",
+                 "constraints", "forced"):
         assert f"{name}:" in joined
 
 

@@ -11,9 +11,9 @@ import torch
 
 from model import InputTooLongError, InvalidInputError, Translator, UnknownModelError
 from model.agreeing import word_links
+from model.decoding.search import forced_pass
 from model.explanations.alignment import alignment_matrix, attention_links
 from model.explanations.explain import forced_decode
-from model.runtime import forced_pass
 from model.tokenizer import is_special_piece, word_groups
 from tests.harness.tiny import DEVICE, make_model_dir, synthetic_corpus
 

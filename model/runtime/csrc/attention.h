@@ -1,4 +1,4 @@
-// Scaled dot-product attention over a cache: one query per row, fp32 loops on the CPU, ATen elsewhere.
+// Scaled dot-product attention over a cache: one query per row, fp32 loops on the CPU.
 #pragma once
 
 #include "kernels/cpu_loops.h"
@@ -63,23 +63,11 @@ std::pair<Tensor, Tensor> attend(const Tensor& q, const Tensor& key, const Tenso
                                  int64_t heads, const Tensor& kv_rows = Tensor(), bool lanes = false,
                                  const Tensor& lengths = Tensor()) {
   const int64_t head_width = key.size(3);
-  const bool heads_side_by_side = q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width);
-  if (plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
-      heads_side_by_side && (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu())) {
-    return attend_cpu(q, key, value, mask, heads, kv_rows, lanes, lengths);
-  }
-  TORCH_CHECK(!lengths.defined(), "attention over per-row lengths runs on the CPU only");
-  if (kv_rows.defined()) {
-    return attend(q, key.index_select(0, kv_rows), value.index_select(0, kv_rows),
-                  mask.defined() ? mask.index_select(0, kv_rows) : mask, heads);
-  }
-  const int64_t rows = key.size(0), length = key.size(2), d_k = key.size(3);
-  Tensor scores = at::bmm(q.reshape({rows * heads, 1, d_k}), key.view({rows * heads, length, d_k}).transpose(1, 2));
-  scores.mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
-  if (mask.defined()) scores.view({rows, heads, 1, length}).add_(mask);
-  Tensor weights = scores.softmax(-1);
-  Tensor context = at::bmm(weights, value.view({rows * heads, length, d_k}));
-  return {context.view({rows, heads * d_k}), weights};
+  TORCH_CHECK(plain_cpu(q) && plain_cpu(key) && plain_cpu(value) && key.stride(3) == 1 && value.stride(3) == 1 &&
+                  q.stride(-1) == 1 && (q.dim() == 2 || q.stride(1) == head_width) &&
+                  (!mask.defined() || plain_cpu(mask)) && (!kv_rows.defined() || kv_rows.is_cpu()),
+              "attention runs over float32 CPU tensors, each head's vectors contiguous");
+  return attend_cpu(q, key, value, mask, heads, kv_rows, lanes, lengths);
 }
 
 }  // namespace

@@ -113,11 +113,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("output", [](Runtime& runtime, const Tensor& x, int64_t kernel) {
         at::InferenceMode guard;
         return runtime.matmuls().back()->run(x, kernel);
-      })
-      .def("step_at", &Runtime::step_at, pybind11::arg("ids"), pybind11::arg("position"), pybind11::arg("self_key"),
-           pybind11::arg("self_value"), pybind11::arg("cross_key"), pybind11::arg("cross_value"),
-           pybind11::arg("source_mask"), pybind11::arg("need_weights"),
-           pybind11::call_guard<pybind11::gil_scoped_release>());
+      });
   pybind11::class_<CompiledLoop>(m, "CompiledLoop")
       .def(pybind11::init<Runtime&, int64_t, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("runtime"),
            pybind11::arg("eos"), pybind11::arg("pad"), pybind11::arg("start"), pybind11::arg("capture_layer"),
@@ -126,6 +122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("budgets"), pybind11::arg("min_new_tokens"), pybind11::arg("length_penalties"),
            pybind11::arg("captures"), pybind11::arg("streams"),
            pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>(),
+           pybind11::arg("forced") = std::vector<std::vector<int64_t>>(),
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("cancel", &CompiledLoop::cancel, pybind11::arg("id"))
       .def("set_word_continuations", &CompiledLoop::set_word_continuations, pybind11::arg("tokens"))
@@ -155,7 +152,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("join", &BeamSearch::join, pybind11::arg("lengths"), pybind11::arg("beams"), pybind11::arg("budgets"),
            pybind11::arg("min_new_tokens"), pybind11::arg("length_penalties"), pybind11::arg("captures"),
            pybind11::arg("streams"), pybind11::arg("slots"),
-           pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>())
+           pybind11::arg("constraints") = std::vector<std::vector<std::vector<int64_t>>>(),
+           pybind11::arg("forced") = std::vector<std::vector<int64_t>>())
       .def("cancel", &BeamSearch::cancel, pybind11::arg("id"))
       .def("plan", &BeamSearch::plan, pybind11::return_value_policy::reference_internal)
       .def("compact", &BeamSearch::compact, pybind11::return_value_policy::reference_internal)

@@ -23,7 +23,8 @@ class CompiledLoop {
                             const std::vector<int64_t>& budgets, const std::vector<int64_t>& min_new_tokens,
                             const std::vector<double>& length_penalties, const std::vector<int64_t>& captures,
                             const std::vector<bool>& streams,
-                            const std::vector<std::vector<std::vector<int64_t>>>& constraints) {
+                            const std::vector<std::vector<std::vector<int64_t>>>& constraints,
+                            const std::vector<std::vector<int64_t>>& forced) {
     at::InferenceMode guard;
     TORCH_CHECK(plain_cpu(hidden), "the decode loop runs on the CPU");
     const int64_t count = hidden.size(0), width = hidden.size(1);
@@ -34,7 +35,7 @@ class CompiledLoop {
     for (int64_t i = 0; i < count; ++i) slots.push_back(take_slot());
     grow_sources(slots_, width);
     std::vector<int64_t> ids = search_.join(lengths, beams, budgets, min_new_tokens, length_penalties, captures,
-                                            streams, slots, constraints);
+                                            streams, slots, constraints, forced);
     auto [keys, values] = runtime_.cross_key_values(hidden, at::ones({count}, hidden.options().dtype(at::kLong)));
     for (int64_t i = 0; i < count; ++i) {
       for (size_t layer = 0; layer < keys.size(); ++layer) {
@@ -70,9 +71,9 @@ class CompiledLoop {
       cross_value.push_back(cross_value_[i].narrow(2, 0, layout.source_width));
     }
     const bool weights = layout.every_head || layout.one_head;
-    auto [x, cross] = runtime_.layers(as_tensor(layout.ids), -1, as_tensor(layout.positions), self_key_, self_value_,
-                                      layout.width, c10::nullopt, cross_key, cross_value, c10::nullopt, weights,
-                                      as_tensor(layout.slots), as_tensor(own), as_tensor(layout.source_lengths));
+    auto [x, cross] = runtime_.layers(as_tensor(layout.ids), as_tensor(layout.positions), self_key_, self_value_,
+                                      layout.width, cross_key, cross_value, weights, as_tensor(layout.slots),
+                                      as_tensor(own), as_tensor(layout.source_lengths));
     // each row's 2K best next tokens, K the widest beam: a request of beam k reads the first 2k (the same ones)
     const int64_t m = 2 * layout.widest_beam;
     auto [best_logprob, best_token, wanted] =

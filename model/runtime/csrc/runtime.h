@@ -1,6 +1,6 @@
 // The layers' arithmetic over the model's weights (model.h): the encoder, the cross-attention keys and values, one
 // decoder step for rows each at its own position in a cache, the output projection (under int8 its best candidates
-// rescored) and the beam's candidates. The search over these steps is decoding.h's.
+// rescored) and the beam's candidates, all on the CPU. The search over these steps is decoding.h's.
 #pragma once
 
 #include "attention.h"
@@ -19,15 +19,15 @@ class Runtime : public Model {
   // real tokens: hidden states (B, S, d_model).
   Tensor encode(const Tensor& ids, const Tensor& mask) {
     at::InferenceMode guard;
+    TORCH_CHECK(ids.is_cpu() && mask.is_cpu(), "the compiled step runs on the CPU");
     const int64_t batch = ids.size(0), length = ids.size(1), d = encoder_embed_.size(1), d_k = d / heads_;
     Tensor additive = at::zeros({batch, 1, 1, length}, encoder_embed_.options())
                           .masked_fill_(mask.logical_not().view({batch, 1, 1, length}),
                                         std::numeric_limits<float>::lowest());
-    // On the CPU only the real tokens' rows are computed (padding is 40 % of a 16-text batch) and each query
-    // attends over its own text; padding positions come back as zeros, which nothing reads.
-    const bool cpu = plain_cpu(encoder_embed_);
+    // Only the real tokens' rows are computed (padding is 40 % of a 16-text batch) and each query attends over its
+    // own text; padding positions come back as zeros, which nothing reads.
     const Tensor flat = mask.reshape({-1});
-    const bool padded = cpu && flat.sum().item<int64_t>() < batch * length;
+    const bool padded = flat.sum().item<int64_t>() < batch * length;
     const Tensor real = padded ? flat.nonzero().squeeze(1) : Tensor();  // (N,) positions in B·S order
     Tensor x, text_of;
     if (padded) {
@@ -37,23 +37,15 @@ class Runtime : public Model {
     } else {
       x = at::embedding(encoder_embed_, ids.reshape({-1})).mul_(embed_scale_).view({batch, length, d});
       x = (x + positions_.narrow(0, 0, length)).view({batch * length, d});
-      if (cpu) text_of = at::arange(batch, ids.options().dtype(at::kLong)).repeat_interleave(length);
+      text_of = at::arange(batch, ids.options().dtype(at::kLong)).repeat_interleave(length);
     }
     Tensor key_values = padded ? at::zeros({batch * length, 2 * d}, x.options()) : Tensor();
     for (const EncoderLayer& layer : encoder_) {
       Tensor qkv = layer.qkv(x);  // (N, 3d)
-      Tensor context;
-      if (cpu) {
-        Tensor parts = padded ? key_values.index_copy_(0, real, qkv.narrow(1, d, 2 * d)).view({batch, length, 2, heads_, d_k})
-                              : qkv.view({batch, length, 3, heads_, d_k}).narrow(2, 1, 2);
-        context = attend(qkv.narrow(1, 0, d), parts.select(2, 0).permute({0, 2, 1, 3}),
-                         parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of, lanes_).first;
-      } else {
-        Tensor heads = qkv.view({batch, length, 3, heads_, d_k}).permute({2, 0, 3, 1, 4});  // 3, B, h, S, d_k
-        Tensor scores = at::matmul(heads[0], heads[1].transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(d_k)));
-        context = at::matmul(scores.add_(additive).softmax(-1), heads[2]);  // (B, h, S, d_k)
-        context = context.transpose(1, 2).reshape({batch * length, d});
-      }
+      Tensor parts = padded ? key_values.index_copy_(0, real, qkv.narrow(1, d, 2 * d)).view({batch, length, 2, heads_, d_k})
+                            : qkv.view({batch, length, 3, heads_, d_k}).narrow(2, 1, 2);
+      Tensor context = attend(qkv.narrow(1, 0, d), parts.select(2, 0).permute({0, 2, 1, 3}),
+                              parts.select(2, 1).permute({0, 2, 1, 3}), additive, heads_, text_of, lanes_).first;
       x = add_norm(x, layer.out(context), layer.norm1_w, layer.norm1_b, eps_);
       x = add_norm(x, layer.fc2(layer.fc1(x, activation_)), layer.norm2_w, layer.norm2_b, eps_);
     }
@@ -76,71 +68,29 @@ class Runtime : public Model {
     return {keys, values};
   }
 
-  // One step of an eager cache (CompiledStep.decode_step): every row at `position` (its K/V
-  // written there), attending to positions 0…position.
-  std::pair<Tensor, std::vector<Tensor>> step_at(const Tensor& ids, int64_t position,
-                                                 const std::vector<Tensor>& self_key,
-                                                 const std::vector<Tensor>& self_value,
-                                                 const std::vector<Tensor>& cross_key,
-                                                 const std::vector<Tensor>& cross_value,
-                                                 const c10::optional<Tensor>& source_mask, bool need_weights) {
-    return step(ids, position, ids, self_key, self_value, position + 1, c10::nullopt, cross_key, cross_value,
-                source_mask, need_weights);
-  }
-
-  // One step for N rows at position `level` (or, at -1, each at its `positions`) over per-layer caches
-  // (R, h, capacity, d_k) and additive masks: logits (N, V) and, when asked, each layer's cross-attention (N, h, S).
-  std::pair<Tensor, std::vector<Tensor>> step(const Tensor& ids, int64_t level, const Tensor& positions,
-                                              const std::vector<Tensor>& self_key,
-                                              const std::vector<Tensor>& self_value, int64_t width,
-                                              const c10::optional<Tensor>& self_mask,
-                                              const std::vector<Tensor>& cross_key,
-                                              const std::vector<Tensor>& cross_value,
-                                              const c10::optional<Tensor>& source_mask, bool need_weights) {
-    at::InferenceMode guard;
-    auto [x, cross_weights] = layers(ids, level, positions, self_key, self_value, width, self_mask, cross_key,
-                                     cross_value, source_mask, need_weights);
-    return {logits(x), cross_weights};
-  }
-
-  // `step` up to the output projection: the last layer's states (N, d_model) and the cross-attention weights.
-  std::pair<Tensor, std::vector<Tensor>> layers(const Tensor& ids, int64_t level, const Tensor& positions,
+  // One decoder step for N rows, each at its own position, over the decode loop's per-layer caches (R, h,
+  // capacity, d_k): the last layer's states (N, d_model) and, when asked, each layer's cross-attention (N, h, S).
+  // Row r attends to its first self_lengths[r] positions and to source slot cross_rows[r]'s first cross_lengths[r].
+  std::pair<Tensor, std::vector<Tensor>> layers(const Tensor& ids, const Tensor& positions,
                                                 const std::vector<Tensor>& self_key,
                                                 const std::vector<Tensor>& self_value, int64_t width,
-                                                const c10::optional<Tensor>& self_mask,
                                                 const std::vector<Tensor>& cross_key,
-                                                const std::vector<Tensor>& cross_value,
-                                                const c10::optional<Tensor>& source_mask, bool need_weights,
-                                                const Tensor& cross_rows = Tensor(),
-                                                const Tensor& self_lengths = Tensor(),
-                                                const Tensor& cross_lengths = Tensor()) const {
-    const int64_t rows = ids.size(0), d_model = embed_.size(1), d_k = d_model / heads_;
-    Tensor x = embed(ids, level, positions);  // (N, d)
-    Tensor own_mask = self_mask.has_value() ? *self_mask : Tensor();
-    Tensor cross_mask = source_mask.has_value() ? *source_mask : Tensor();
-    Tensor row_index = level >= 0 ? Tensor() : at::arange(rows, ids.options());
+                                                const std::vector<Tensor>& cross_value, bool need_weights,
+                                                const Tensor& cross_rows, const Tensor& self_lengths,
+                                                const Tensor& cross_lengths) const {
+    const int64_t rows = ids.size(0), d_k = embed_.size(1) / heads_;
+    Tensor x = embed(ids, positions);  // (N, d)
     std::vector<Tensor> cross_weights;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       Tensor qkv = layer.qkv(x).view({rows, 3, heads_, d_k});  // (N, 3, h, d_k)
-      Tensor query = qkv.select(1, 0), key = qkv.select(1, 1), value = qkv.select(1, 2);  // (N, h, d_k)
-      if (plain_cpu(key) && self_key[i].is_contiguous() && self_value[i].is_contiguous() && ids.is_cpu()) {
-        write_cache(self_key[i], key, level, positions);
-        write_cache(self_value[i], value, level, positions);
-      } else if (level >= 0) {
-        self_key[i].narrow(0, 0, rows).select(2, level).copy_(key);
-        self_value[i].narrow(0, 0, rows).select(2, level).copy_(value);
-      } else {
-        using at::indexing::Slice;
-        Tensor keys_out = self_key[i], values_out = self_value[i];  // handles to the same storage
-        keys_out.index_put_({row_index, Slice(), positions}, key);
-        values_out.index_put_({row_index, Slice(), positions}, value);
-      }
+      write_cache(self_key[i], qkv.select(1, 1), positions);
+      write_cache(self_value[i], qkv.select(1, 2), positions);
       Tensor keys = self_key[i].narrow(0, 0, rows).narrow(2, 0, width);
       Tensor values = self_value[i].narrow(0, 0, rows).narrow(2, 0, width);
-      Tensor context = attend(query, keys, values, own_mask, heads_, Tensor(), lanes_, self_lengths).first;
+      Tensor context = attend(qkv.select(1, 0), keys, values, Tensor(), heads_, Tensor(), lanes_, self_lengths).first;
       x = add_norm(x, layer.self_out(context), layer.norm1_w, layer.norm1_b, eps_);
-      auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], cross_mask, heads_,
+      auto [cross_context, weights] = attend(layer.cross_q(x), cross_key[i], cross_value[i], Tensor(), heads_,
                                              cross_rows, lanes_, cross_lengths);
       if (need_weights) cross_weights.push_back(weights.view({rows, heads_, -1}));
       x = add_norm(x, layer.cross_out(cross_context), layer.norm2_w, layer.norm2_b, eps_);
@@ -150,42 +100,32 @@ class Runtime : public Model {
     return {x, cross_weights};
   }
 
-  // Token embedding × scale + the position's sinusoid, each row at `level` or at its own `positions[r]`.
-  Tensor embed(const Tensor& ids, int64_t level, const Tensor& positions) const {
-    if (!(plain_cpu(embed_) && ids.is_cpu() && ids.scalar_type() == at::kLong)) {
-      Tensor position = level >= 0 ? positions_[level] : positions_.index_select(0, positions);
-      return at::embedding(embed_, ids).mul_(embed_scale_).add_(position);
-    }
+  // Token embedding × scale + the position's sinusoid, each row at its own `positions[r]`.
+  Tensor embed(const Tensor& ids, const Tensor& positions) const {
     const int64_t rows = ids.size(0), d = embed_.size(1);
     Tensor x = at::empty({rows, d}, embed_.options());
-    const int64_t* id = ids.data_ptr<int64_t>();
-    const int64_t* at = level >= 0 ? nullptr : positions.data_ptr<int64_t>();
+    const int64_t *id = ids.data_ptr<int64_t>(), *at = positions.data_ptr<int64_t>();
     const float *table = embed_.data_ptr<float>(), *sinusoids = positions_.data_ptr<float>();
     float* out = x.data_ptr<float>();
     const float scale = static_cast<float>(embed_scale_);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* e = table + id[r] * d;
-      const float* p = sinusoids + (at ? at[r] : level) * d;
+      const float *e = table + id[r] * d, *p = sinusoids + at[r] * d;
       for (int64_t c = 0; c < d; ++c) out[r * d + c] = e[c] * scale + p[c];
     }
     return x;
   }
 
   // K or V of this step (N, h, d_k) written into a cache buffer (R, h, capacity, d_k) at each row's position.
-  static void write_cache(const Tensor& buffer, const Tensor& rows_kv, int64_t level, const Tensor& positions) {
+  static void write_cache(const Tensor& buffer, const Tensor& rows_kv, const Tensor& positions) {
     const int64_t rows = rows_kv.size(0), heads = rows_kv.size(1), d_k = rows_kv.size(2);
     const int64_t capacity = buffer.size(2);
-    const int64_t* at = level >= 0 ? nullptr : positions.data_ptr<int64_t>();
+    const int64_t* at = positions.data_ptr<int64_t>();
     const float* in = rows_kv.data_ptr<float>();
     float* out = buffer.data_ptr<float>();
     const int64_t s_row = rows_kv.stride(0), s_head = rows_kv.stride(1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t position = at ? at[r] : level;
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(out + ((r * heads + h) * capacity + position) * d_k, in + r * s_row + h * s_head,
-                    sizeof(float) * d_k);
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h)
+        std::memcpy(out + ((r * heads + h) * capacity + at[r]) * d_k, in + r * s_row + h * s_head, sizeof(float) * d_k);
   }
 
   // Output projection + final_logits_bias; under int8 each row's `rescore_` best candidates recomputed exactly.

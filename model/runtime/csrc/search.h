@@ -84,9 +84,11 @@ class BeamSearch {
                             const std::vector<int64_t>& budgets, const std::vector<int64_t>& min_new_tokens,
                             const std::vector<double>& length_penalties, const std::vector<int64_t>& captures,
                             const std::vector<bool>& streams, const std::vector<int64_t>& slots,
-                            const std::vector<std::vector<std::vector<int64_t>>>& constraints = {}) {
+                            const std::vector<std::vector<std::vector<int64_t>>>& constraints = {},
+                            const std::vector<std::vector<int64_t>>& forced = {}) {
     const size_t count = lengths.size();
     TORCH_CHECK(constraints.empty() || constraints.size() == count, "one list of constraints per source");
+    TORCH_CHECK(forced.empty() || forced.size() == count, "one forced target (or none) per source");
     TORCH_CHECK(beams.size() == count && budgets.size() == count && min_new_tokens.size() == count &&
                     length_penalties.size() == count && captures.size() == count && streams.size() == count &&
                     slots.size() == count,
@@ -94,6 +96,8 @@ class BeamSearch {
     for (size_t i = 0; i < count; ++i) {
       TORCH_CHECK(beams[i] >= 1 && budgets[i] >= 1 && lengths[i] >= 1, "a bad request");
       TORCH_CHECK(budgets[i] <= positions_, "a budget past the model's positions");
+      TORCH_CHECK(forced.empty() || forced[i].empty() || (beams[i] == 1 && budgets[i] == int64_t(forced[i].size())),
+                  "a forced target decodes on one beam, its length its budget");
     }
     std::vector<int64_t> ids;
     for (size_t i = 0; i < count; ++i) {
@@ -115,6 +119,7 @@ class BeamSearch {
       request.finished_paths.resize(request.k);
       request.next_tokens = {start_};
       request.fresh_row = pending_fresh_++;
+      if (!forced.empty()) request.forced = forced[i];
       if (!constraints.empty()) {
         for (const auto& phrase : constraints[i])
           if (!phrase.empty()) request.constraints.push_back(phrase);
@@ -178,7 +183,7 @@ class BeamSearch {
         out.source_lengths.push_back(request.length);
         out.previous.push_back(request.step == 0 ? last_rows_ + request.fresh_row : request.from[j]);
         out.banned.push_back(request.step + 1 < request.min_new_tokens);
-        out.ending.push_back(request.budget <= request.step + 1);
+        out.ending.push_back(request.forced.empty() && request.budget <= request.step + 1);
       }
       expanding = expanding || (request.step == 1 && request.k > 1);
       out.rows += request.rows();
@@ -233,7 +238,8 @@ class BeamSearch {
         attention = from.narrow(0, request.first_row, request.rows()).narrow(-1, 0, request.length).clone();
       }
       const int64_t width = layout_.wanted_width, first = request.first_row;
-      const bool done = request.constraints.empty()
+      const bool done = !request.forced.empty() ? advance_forced(request, wanted_lp[first * width], attention)
+                        : request.constraints.empty()
                             ? advance(request, lp + first * m, tk + first * m, m, attention)
                             : advance_constrained(request, lp + first * m, tk + first * m, m,
                                                   wanted_lp + first * width, layout_.wanted.data() + first * width,
@@ -330,6 +336,7 @@ class BeamSearch {
     std::vector<int64_t> candidate_beam, candidate_token;
     std::vector<float> candidate_logprob;
     std::vector<std::vector<int64_t>> constraints;  // token sequences every finished hypothesis contains
+    std::vector<int64_t> forced;                    // a target teacher-forced (an explanation's pass), eos included
 
     int64_t rows() const { return step == 0 ? 1 : k; }
   };
@@ -433,6 +440,7 @@ class BeamSearch {
   // The tokens a constrained hypothesis may take next to advance its constraints: the next of the one under way,
   // else the first of each unmet one.
   static std::vector<int64_t> allowed(const Request& request, const Path& path) {
+    if (!request.forced.empty()) return {request.forced[request.step]};
     std::vector<int64_t> tokens;
     if (request.constraints.empty()) return tokens;
     if (path.phrase >= 0) return {request.constraints[path.phrase][path.progress]};
@@ -625,6 +633,22 @@ class BeamSearch {
     request.paths = std::move(paths);
     ++request.step;
     return false;
+  }
+
+  // A forced request's step: its next target token at the model's log-probability, whatever the search would pick.
+  bool advance_forced(Request& request, float logprob, const Tensor& attention) {
+    Path& path = request.paths[0];
+    path.tokens.push_back(request.forced[request.step]);
+    path.logprobs.push_back(logprob);
+    if (attention.defined()) path.attention.push_back(attention[0]);
+    request.running[0] += logprob;
+    request.next_tokens = {path.tokens.back()};
+    request.from = {request.first_row};
+    if (++request.step < static_cast<int64_t>(request.forced.size())) return false;
+    request.finished[0] = request.running[0];
+    request.finished_done[0] = 1;
+    request.finished_paths[0] = path;
+    return true;
   }
 
   // Hand out a streamed request's tokens that no later step can take back: the prefix its running beams and its
