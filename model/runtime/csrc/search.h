@@ -119,7 +119,7 @@ class BeamSearch {
       request.finished_paths.resize(request.k);
       request.next_tokens = {start_};
       request.fresh_row = pending_fresh_++;
-      if (!forced.empty()) request.forced = forced[i];
+      if (!forced.empty()) request.target = forced[i];
       if (!constraints.empty()) {
         for (const auto& phrase : constraints[i])
           if (!phrase.empty()) request.constraints.push_back(phrase);
@@ -183,7 +183,7 @@ class BeamSearch {
         out.source_lengths.push_back(request.length);
         out.previous.push_back(request.step == 0 ? last_rows_ + request.fresh_row : request.from[j]);
         out.banned.push_back(request.step + 1 < request.min_new_tokens);
-        out.ending.push_back(request.forced.empty() && request.budget <= request.step + 1);
+        out.ending.push_back(request.target.empty() && request.budget <= request.step + 1);
       }
       expanding = expanding || (request.step == 1 && request.k > 1);
       out.rows += request.rows();
@@ -238,12 +238,10 @@ class BeamSearch {
         attention = from.narrow(0, request.first_row, request.rows()).narrow(-1, 0, request.length).clone();
       }
       const int64_t width = layout_.wanted_width, first = request.first_row;
-      const bool done = !request.forced.empty() ? advance_forced(request, wanted_lp[first * width], attention)
-                        : request.constraints.empty()
-                            ? advance(request, lp + first * m, tk + first * m, m, attention)
-                            : advance_constrained(request, lp + first * m, tk + first * m, m,
-                                                  wanted_lp + first * width, layout_.wanted.data() + first * width,
-                                                  width, attention);
+      const bool done = !request.target.empty()
+                            ? advance_forced(request, wanted_lp[first * width], attention)
+                            : advance(request, lp + first * m, tk + first * m, m, wanted_lp + first * width,
+                                      layout_.wanted.data() + first * width, width, attention);
       if (request.stream) settled(request, done, tokens);
       if (done) {
         finished.emplace_back(request.id, hypotheses(request));
@@ -284,7 +282,7 @@ class BeamSearch {
   }
 
   // A wanted token's log-probability under the constraints row_candidates applies.
-  float constrained(float value, int64_t token, bool banned, bool ending) const {
+  float constrained_logprob(float value, int64_t token, bool banned, bool ending) const {
     const float inf = std::numeric_limits<float>::infinity();
     if (token < 0 || token == pad_ || (banned && token == eos_)) return -inf;
     if (ending) return token == eos_ ? 0.0f : -inf;
@@ -332,84 +330,142 @@ class BeamSearch {
     std::vector<Path> paths, finished_paths;  // the running beams', the finished slots'
     std::vector<int64_t> next_tokens;         // each row's input at its next step
     std::vector<int64_t> from;                // the row (at the last step) each of its rows continues
-    // this step's 2k candidates, best first: the beam each extends, its token and log-probability
-    std::vector<int64_t> candidate_beam, candidate_token;
-    std::vector<float> candidate_logprob;
     std::vector<std::vector<int64_t>> constraints;  // token sequences every finished hypothesis contains
-    std::vector<int64_t> forced;                    // a target teacher-forced (an explanation's pass), eos included
+    std::vector<int64_t> target;                    // a target teacher-forced (an explanation's pass), eos included
 
     int64_t rows() const { return step == 0 ? 1 : k; }
   };
 
   // One beam step for one request on its rows' candidates (`stride` per row, the first 2k read); returns whether
-  // it is done. Its first step has one row, which stands for its k beams.
-  bool advance(Request& request, const float* lp, const int64_t* tk, int64_t stride, const Tensor& attention) {
-    const int64_t k = request.k, wide = 2 * k * k;
-    const bool one_row = request.step == 0 && k > 1;
-    const int64_t row_stride = one_row ? 0 : stride;
+  // it is done. Its first step has one row, which stands for its k beams. Under lexical constraints this is dynamic
+  // beam allocation (Post & Vilar 2018, as Sockeye's): the tokens its constraints want (`wanted`: `width` a row,
+  // their log-probabilities in `wanted_lp`) join each beam's 2k best, eos waits until every constraint is met (or
+  // the budget ends), and the k beams that run on are shared out between banks of hypotheses by constraint tokens
+  // met. Without constraints there is one bank: transformers' beam step.
+  bool advance(Request& request, const float* lp, const int64_t* tk, int64_t stride, const float* wanted_lp,
+               const int64_t* wanted, int64_t width, const Tensor& attention) {
+    const int64_t k = request.k;
+    const bool one_row = request.step == 0 && k > 1, constrained = !request.constraints.empty();
+    const bool ending = request.budget <= request.step + 1, banned = request.step + 1 < request.min_new_tokens;
     const float divisor =
         static_cast<float>(std::pow(static_cast<double>(request.step + 1), request.length_penalty));
-    const auto before = [](const std::pair<float, int64_t>& x, const std::pair<float, int64_t>& y) {
-      // at::topk's order: larger first (NaN largest), of equal values the lower index first
-      const bool x_nan = std::isnan(x.first), y_nan = std::isnan(y.first);
-      if (x_nan != y_nan) return x_nan;
-      return x.first > y.first || (x.first == y.first && x.second < y.second);
+    const auto better = [](float x, float y) {  // at::topk's order: larger first, NaN largest
+      return std::isnan(x) != std::isnan(y) ? std::isnan(x) : x > y;
     };
-    std::vector<std::pair<float, int64_t>> order(wide), merged(3 * k);
-    std::vector<float> top_scores(2 * k), candidate(2 * k), kept_scores(k);
-    std::vector<char> hits(2 * k), taking(2 * k), kept_done(k);
-    float* run = request.running.data();
-    // the 2k best of running + log-probability over every beam are among each beam's own 2k best tokens
-    for (int64_t b = 0; b < k; ++b)
-      for (int64_t j = 0; j < 2 * k; ++j) order[b * 2 * k + j] = {lp[b * row_stride + j] + run[b], b * 2 * k + j};
-    std::partial_sort(order.begin(), order.begin() + 2 * k, order.begin() + wide, before);
-    const bool ending = request.budget <= request.step + 1;
-    request.candidate_beam.resize(2 * k);
-    request.candidate_token.resize(2 * k);
-    request.candidate_logprob.resize(2 * k);
-    for (int64_t j = 0; j < 2 * k; ++j) {
-      top_scores[j] = order[j].first;
-      const int64_t beam = order[j].second / (2 * k), at = beam * row_stride + order[j].second % (2 * k);
-      request.candidate_beam[j] = beam;
-      request.candidate_token[j] = tk[at];
-      request.candidate_logprob[j] = lp[at];
-      hits[j] = tk[at] == eos_ || ending;
+    struct Candidate {
+      float score;
+      int64_t beam, token;
+      float logprob;
+      bool hit;
+      Path path;  // under constraints its path (their state); otherwise made only for the candidates kept
+    };
+    std::vector<Candidate> candidates;
+    const auto path_of = [&](const Candidate& c) {
+      return constrained ? c.path
+                         : extended(request.paths[c.beam], c.token, c.logprob, attention, one_row ? 0 : c.beam);
+    };
+    for (int64_t b = 0; b < k; ++b) {
+      // beams that do not exist yet compete at -1e9, as transformers' do, except under constraints
+      if (constrained && request.running[b] <= kNeg / 2) continue;
+      const int64_t row = one_row ? 0 : b;
+      std::vector<int64_t> seen;
+      const auto consider = [&](int64_t token, float logprob) {
+        if (constrained && (std::find(seen.begin(), seen.end(), token) != seen.end() || std::isinf(logprob))) return;
+        seen.push_back(token);
+        Candidate c{request.running[b] + logprob, b, token, logprob, token == eos_ || ending, Path()};
+        if (constrained) {
+          c.path = extended(request.paths[b], token, logprob, attention, row);
+          c.path.forced.push_back(0);
+          constrain(request, c.path);
+          if (c.hit && !ending && !all_met(c.path)) return;  // eos waits for the constraints
+        }
+        candidates.push_back(std::move(c));
+      };
+      for (int64_t j = 0; j < 2 * k; ++j) consider(tk[row * stride + j], lp[row * stride + j]);
+      for (int64_t j = 0; j < width; ++j)  // their raw log-probabilities, under the candidates' constraints here
+        if (wanted[row * width + j] >= 0)
+          consider(wanted[row * width + j], constrained_logprob(wanted_lp[row * width + j], wanted[row * width + j],
+                                                                banned, ending));
     }
-    // the k best that do not end here continue: order[0 … k-1] from here on
-    for (int64_t j = 0; j < 2 * k; ++j) order[j] = {top_scores[j] + (hits[j] ? kNeg : -0.0f), j};
-    std::partial_sort(order.begin(), order.begin() + k, order.begin() + 2 * k, before);
-    bool all_done = true;
-    for (int64_t j = 0; j < k; ++j) all_done = all_done && request.finished_done[j];
-    for (int64_t j = 0; j < 2 * k; ++j) {
-      taking[j] = hits[j] && j < k;
-      const bool eligible = taking[j] && request.improvable && !all_done;
-      candidate[j] = eligible ? top_scores[j] / divisor : top_scores[j] + 2.0f * kNeg;
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](const Candidate& x, const Candidate& y) { return better(x.score, y.score); });
+    int64_t total = 0;
+    for (const auto& phrase : request.constraints) total += static_cast<int64_t>(phrase.size());
+    // banks by constraint tokens met: k / banks places each, the rest to the fullest, places a bank cannot fill
+    // passed down, then up (with fewer beams than banks the fullest take them: every step makes progress)
+    const int64_t banks = total + 1;
+    std::vector<int64_t> counts(banks, 0), places(banks, k / banks);
+    places[banks - 1] += k % banks;
+    for (const Candidate& c : candidates)
+      if (!c.hit) ++counts[c.path.met_tokens];
+    int64_t spare = 0;
+    for (int64_t bank = banks - 1; bank >= 0; --bank) {
+      places[bank] += spare;
+      spare = std::max<int64_t>(0, places[bank] - counts[bank]);
+      places[bank] -= spare;
+    }
+    for (int64_t bank = banks - 1; bank >= 0 && spare > 0; --bank) {
+      const int64_t more = std::min(spare, counts[bank] - places[bank]);
+      places[bank] += more;
+      spare -= more;
+    }
+    // the k best that do not end run on, by bank; one that ends among its bank's first k finishes
+    std::vector<const Candidate*> running;
+    std::vector<int64_t> rank_in_bank(banks, 0);
+    std::vector<char> taking(candidates.size(), 0);
+    int64_t complete_hits = 0;  // at the budget every candidate ends: the complete ones first, then the fullest
+    if (ending)
+      for (const Candidate& c : candidates) complete_hits += all_met(c.path);
+    int64_t taken_complete = 0, taken_other = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const Candidate& c = candidates[i];
+      const int64_t bank = c.path.met_tokens;
+      if (c.hit && ending) {
+        taking[i] = all_met(c.path) ? taken_complete++ < k : taken_other++ < k - std::min(k, complete_hits);
+      } else if (c.hit) {
+        taking[i] = rank_in_bank[bank] < k;
+      } else if (places[bank] > 0) {
+        --places[bank];
+        running.push_back(&c);
+      }
+      ++rank_in_bank[bank];
     }
     // the finished slots merged with this step's finishing candidates: the k best stay
-    for (int64_t j = 0; j < k; ++j) merged[j] = {request.finished[j], j};
-    for (int64_t j = 0; j < 2 * k; ++j) merged[k + j] = {candidate[j], k + j};
-    std::partial_sort(merged.begin(), merged.begin() + k, merged.end(), before);
+    bool all_done = true;
+    for (int64_t j = 0; j < k; ++j) all_done = all_done && request.finished_done[j];
+    std::vector<std::pair<float, int64_t>> merged;
+    for (int64_t j = 0; j < k; ++j) merged.emplace_back(request.finished[j], j);
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const bool eligible = taking[i] && request.improvable && !all_done;
+      // one cut by the budget before its constraints were met ranks below every complete one
+      const float cut = all_met(candidates[i].path) ? 0.0f : kNeg;
+      if (taking[i])
+        merged.emplace_back(eligible ? candidates[i].score / divisor + cut : candidates[i].score + 2.0f * kNeg,
+                            k + static_cast<int64_t>(i));
+    }
+    std::stable_sort(merged.begin(), merged.end(),
+                     [&](const auto& x, const auto& y) { return better(x.first, y.first); });
     std::vector<Path> finished_paths(k);
+    std::vector<float> kept_scores(k);
+    std::vector<char> kept_done(k);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t slot = merged[j].second;
       kept_scores[j] = merged[j].first;
-      kept_done[j] = slot < k ? request.finished_done[slot] : taking[slot - k];
-      finished_paths[j] = slot < k ? request.finished_paths[slot] : extended(request, slot - k, one_row, attention);
+      kept_done[j] = slot < k ? request.finished_done[slot] : 1;
+      finished_paths[j] = slot < k ? request.finished_paths[slot] : path_of(candidates[slot - k]);
     }
-    bool every_hit = true;
-    for (int64_t j = 0; j < 2 * k; ++j) every_hit = every_hit && hits[j];
-    const bool done = keep_finished(request, kept_scores, kept_done, std::move(finished_paths), &order[0].first,
-                                    divisor);
-    if (done || every_hit) return true;
+    const float* best = running.empty() ? nullptr : &running[0]->score;
+    if (keep_finished(request, kept_scores, kept_done, std::move(finished_paths), best, divisor)) return true;
     std::vector<Path> paths(k);
     request.from.resize(k);
     request.next_tokens.resize(k);
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t c = order[j].second;
-      run[j] = order[j].first;
-      paths[j] = extended(request, c, one_row, attention);
-      request.from[j] = request.first_row + (one_row ? 0 : request.candidate_beam[c]);
-      request.next_tokens[j] = request.candidate_token[c];
+    for (int64_t j = 0; j < k; ++j) {  // fewer candidates than beams (a tiny vocabulary): the rest do not exist
+      const bool real = j < static_cast<int64_t>(running.size());
+      const Candidate& c = *running[real ? j : running.size() - 1];
+      request.running[j] = real ? c.score : kNeg;
+      paths[j] = path_of(c);
+      request.from[j] = request.first_row + (one_row ? 0 : c.beam);
+      request.next_tokens[j] = c.token;
     }
     request.paths = std::move(paths);
     ++request.step;
@@ -440,7 +496,7 @@ class BeamSearch {
   // The tokens a constrained hypothesis may take next to advance its constraints: the next of the one under way,
   // else the first of each unmet one.
   static std::vector<int64_t> allowed(const Request& request, const Path& path) {
-    if (!request.forced.empty()) return {request.forced[request.step]};
+    if (!request.target.empty()) return {request.target[request.step]};
     std::vector<int64_t> tokens;
     if (request.constraints.empty()) return tokens;
     if (path.phrase >= 0) return {request.constraints[path.phrase][path.progress]};
@@ -500,151 +556,16 @@ class BeamSearch {
     }
   }
 
-  // The beam step with lexical constraints, by dynamic beam allocation (Post & Vilar 2018, as Sockeye's): each
-  // beam's 2k best tokens and the tokens its constraints want (`wanted`: `width` a row, their log-probabilities
-  // in `wanted_lp`) are the candidates; eos only where every constraint is met (or the budget ends). The k beams
-  // that run on are shared out between banks of hypotheses by constraint tokens met, the best of each bank; a
-  // complete hypothesis finishes when it ranks among its bank's first k.
-  bool advance_constrained(Request& request, const float* lp, const int64_t* tk, int64_t stride, const float* wanted_lp,
-                           const int64_t* wanted, int64_t width, const Tensor& attention) {
-    const int64_t k = request.k;
-    const bool one_row = request.step == 0 && k > 1;
-    const bool ending = request.budget <= request.step + 1;
-    const float divisor =
-        static_cast<float>(std::pow(static_cast<double>(request.step + 1), request.length_penalty));
-    struct Candidate {
-      float score;
-      int64_t beam, token;
-      float logprob;
-      bool hit;
-      Path path;
-    };
-    std::vector<Candidate> candidates;
-    const int64_t beams = one_row ? 1 : k;
-    for (int64_t b = 0; b < beams; ++b) {
-      if (request.running[b] <= kNeg / 2) continue;  // a beam that does not exist yet
-      const int64_t row = one_row ? 0 : b;
-      std::vector<std::pair<int64_t, float>> options;
-      for (int64_t j = 0; j < 2 * k; ++j) options.emplace_back(tk[row * stride + j], lp[row * stride + j]);
-      const bool banned = request.step + 1 < request.min_new_tokens;
-      for (int64_t j = 0; j < width; ++j)  // their raw log-probabilities, under the candidates' constraints here
-        if (wanted[row * width + j] >= 0)
-          options.emplace_back(wanted[row * width + j], constrained(wanted_lp[row * width + j], wanted[row * width + j],
-                                                                    banned, ending));
-      std::vector<int64_t> seen;
-      for (auto [token, logprob] : options) {
-        if (std::find(seen.begin(), seen.end(), token) != seen.end() || std::isinf(logprob)) continue;
-        seen.push_back(token);
-        Candidate c{request.running[b] + logprob, b, token, logprob, false, request.paths[b]};
-        c.path.tokens.push_back(token);
-        c.path.logprobs.push_back(logprob);
-        c.path.forced.push_back(0);
-        if (attention.defined()) c.path.attention.push_back(attention[row]);
-        constrain(request, c.path);
-        if (token == eos_ || ending) {
-          if (!ending && !all_met(c.path)) continue;  // eos waits for the constraints
-          c.hit = true;
-        }
-        candidates.push_back(std::move(c));
-      }
-    }
-    std::stable_sort(candidates.begin(), candidates.end(),
-                     [](const Candidate& x, const Candidate& y) { return x.score > y.score; });
-    int64_t total = 0;
-    for (const auto& phrase : request.constraints) total += static_cast<int64_t>(phrase.size());
-    // banks by constraint tokens met: k / banks places each, the rest to the fullest, places a bank cannot fill
-    // passed down, then up (with fewer beams than banks the fullest take them: every step makes progress)
-    const int64_t banks = total + 1;
-    const auto bank_of = [](const Candidate& c) { return c.path.met_tokens; };
-    std::vector<int64_t> counts(banks, 0), places(banks, k / banks);
-    places[banks - 1] += k % banks;
-    for (const Candidate& c : candidates)
-      if (!c.hit) ++counts[bank_of(c)];
-    int64_t spare = 0;
-    for (int64_t bank = banks - 1; bank >= 0; --bank) {
-      places[bank] += spare;
-      spare = std::max<int64_t>(0, places[bank] - counts[bank]);
-      places[bank] -= spare;
-    }
-    for (int64_t bank = banks - 1; bank >= 0 && spare > 0; --bank) {
-      const int64_t more = std::min(spare, counts[bank] - places[bank]);
-      places[bank] += more;
-      spare -= more;
-    }
-    std::vector<const Candidate*> running;
-    std::vector<int64_t> rank_in_bank(banks, 0);
-    std::vector<char> taking(candidates.size(), 0);
-    int64_t complete_hits = 0;  // at the budget every candidate ends: the complete ones first, then the fullest
-    if (ending)
-      for (const Candidate& c : candidates) complete_hits += all_met(c.path);
-    int64_t taken_complete = 0, taken_other = 0;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const Candidate& c = candidates[i];
-      const int64_t bank = bank_of(c);
-      if (c.hit && ending) {
-        const bool complete = all_met(c.path);
-        taking[i] = complete ? taken_complete++ < k : taken_other++ < k - std::min(k, complete_hits);
-      } else if (c.hit) {
-        taking[i] = rank_in_bank[bank] < k;
-      } else if (places[bank] > 0) {
-        --places[bank];
-        running.push_back(&c);
-      }
-      ++rank_in_bank[bank];
-    }
-    // the finished slots merged with this step's finishing candidates, as in `advance`
-    bool all_done = true;
-    for (int64_t j = 0; j < k; ++j) all_done = all_done && request.finished_done[j];
-    std::vector<std::pair<float, int64_t>> merged;
-    for (int64_t j = 0; j < k; ++j) merged.emplace_back(request.finished[j], j);
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const bool eligible = taking[i] && request.improvable && !all_done;
-      // one cut by the budget before its constraints were met ranks below every complete one
-      const float cut = all_met(candidates[i].path) ? 0.0f : kNeg;
-      if (taking[i])
-        merged.emplace_back(eligible ? candidates[i].score / divisor + cut : candidates[i].score + 2.0f * kNeg,
-                            k + static_cast<int64_t>(i));
-    }
-    std::stable_sort(merged.begin(), merged.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-    std::vector<Path> finished_paths(k);
-    std::vector<float> kept_scores(k);
-    std::vector<char> kept_done(k);
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t slot = merged[j].second;
-      kept_scores[j] = merged[j].first;
-      kept_done[j] = slot < k ? request.finished_done[slot] : 1;
-      finished_paths[j] = slot < k ? request.finished_paths[slot] : candidates[slot - k].path;
-    }
-    const float* best = running.empty() ? nullptr : &running[0]->score;
-    if (keep_finished(request, kept_scores, kept_done, std::move(finished_paths), best, divisor)) return true;
-    std::stable_sort(running.begin(), running.end(),
-                     [](const Candidate* x, const Candidate* y) { return x->score > y->score; });
-    std::vector<Path> paths(k);
-    request.from.resize(k);
-    request.next_tokens.resize(k);
-    for (int64_t j = 0; j < k; ++j) {  // fewer candidates than beams (a tiny vocabulary): the rest do not exist
-      const bool real = j < static_cast<int64_t>(running.size());
-      const Candidate& c = *running[real ? j : running.size() - 1];
-      request.running[j] = real ? c.score : kNeg;
-      paths[j] = c.path;
-      request.from[j] = request.first_row + (one_row ? 0 : c.beam);
-      request.next_tokens[j] = c.token;
-    }
-    request.paths = std::move(paths);
-    ++request.step;
-    return false;
-  }
-
   // A forced request's step: its next target token at the model's log-probability, whatever the search would pick.
   bool advance_forced(Request& request, float logprob, const Tensor& attention) {
     Path& path = request.paths[0];
-    path.tokens.push_back(request.forced[request.step]);
+    path.tokens.push_back(request.target[request.step]);
     path.logprobs.push_back(logprob);
     if (attention.defined()) path.attention.push_back(attention[0]);
     request.running[0] += logprob;
     request.next_tokens = {path.tokens.back()};
     request.from = {request.first_row};
-    if (++request.step < static_cast<int64_t>(request.forced.size())) return false;
+    if (++request.step < static_cast<int64_t>(request.target.size())) return false;
     request.finished[0] = request.running[0];
     request.finished_done[0] = 1;
     request.finished_paths[0] = path;
@@ -679,13 +600,11 @@ class BeamSearch {
     request.emitted = std::max(request.emitted, shared);
   }
 
-  // The path of candidate c: its beam's path and its token (with its row's attention).
-  static Path extended(const Request& request, int64_t c, bool one_row, const Tensor& attention) {
-    const int64_t beam = request.candidate_beam[c];
-    Path path = request.paths[beam];
-    path.tokens.push_back(request.candidate_token[c]);
-    path.logprobs.push_back(request.candidate_logprob[c]);
-    if (attention.defined()) path.attention.push_back(attention[one_row ? 0 : beam]);
+  // A beam's path with one more token (and its row's attention).
+  static Path extended(Path path, int64_t token, float logprob, const Tensor& attention, int64_t row) {
+    path.tokens.push_back(token);
+    path.logprobs.push_back(logprob);
+    if (attention.defined()) path.attention.push_back(attention[row]);
     return path;
   }
 
