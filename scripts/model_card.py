@@ -159,11 +159,21 @@ def _judged(judged: dict | None, name: str) -> str:
 """
 
 
+def earlier_training(card: str) -> str:
+    """An earlier card's training stages (what its "## Training" section holds before its checkpoint selection), for
+    a stage continued from that model."""
+    start = card.index("## Training\n") + len("## Training\n")
+    return card[start : card.index("\nCheckpoint selection:", start)].strip()
+
+
 def everyday_card(
     model: Path, source: str, target: str, stages: list[tuple[str, dict]], recipe: dict, quality: dict,
-    alignment: dict | None, trust: dict | None, lineage: str, judged: dict | None = None,
+    alignment: dict | None, trust: dict | None, lineage: str, judged: dict | None = None, earlier: str = "",
+    before_model: str = "the previous shipped model, trained on Tatoeba alone",
+    quality_command: str = "python -m bench.quality --baseline-from bench/results/quality-tatoeba-models.json",
 ) -> str:  # fmt: skip
-    """The card of a model trained on `python -m model.training.data build`'s mix (see the module docstring)."""
+    """The card of a model trained on `python -m model.training.data build`'s mix (see the module docstring);
+    `earlier`: the training stages of the model it continues (earlier_training), kept above its own."""
     name = model.name
     config = json.loads((model / "config.json").read_text())
     size = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.name != "README.md")
@@ -181,6 +191,22 @@ def everyday_card(
     credits = "\n".join(f"- **{key}**: {info['credit']}." for key, info in recipe["sources"].items())
     training = "\n\n".join(
         _stage(number, len(stages), command, stage) for number, (command, stage) in enumerate(stages, start=1)
+    )
+    if earlier:
+        training = f"### The model it continues\n{earlier}\n\n### This model's stage\n{training}"
+    software = "catalogs" in recipe["sources"]
+    domain = "short everyday sentences and software's UI strings" if software else "short everyday sentences"
+    software_licence = (
+        "\nThe gettext catalogs' translations are licensed by their packages (mostly GPL-2+, GPL-3+, LGPL-2+ and "
+        "the PostgreSQL licence; `python -m model.training.catalogs --output DIR` writes catalogs.json, each catalog's "
+        "Debian package, version, copyright file and pair counts). Whether trained weights are a work derived from "
+        "them is unsettled; OPUS distributes the same catalogs under their packages' licences and the OPUS-MT "
+        "models trained on them under CC-BY 4.0. Redistribute these weights with that in mind."
+        if software else ""
+    )
+    software_limit = (
+        " UI strings (menus, messages, option help, with `%s`-style placeholders) are the second domain: see the "
+        "held-out catalogs row (git, coreutils, dpkg and glib20, never trained on)." if software else ""
     )
     summary = stages[-1][1]
     entry = quality["models"][name]
@@ -226,7 +252,7 @@ log-probability alone.
 """
     return f"""# {name}: {LANGUAGES[source]} → {LANGUAGES[target]}
 
-A small Transformer translation model trained by this project for short everyday sentences, shipped as the
+A small Transformer translation model trained by this project for {domain}, shipped as the
 service's default for {source}→{target}. Marian/OPUS-MT directory format: transformers' `MarianMTModel` and
 `MarianTokenizer` load it and CTranslate2's converter accepts it (tested in tests/model/).
 
@@ -251,6 +277,7 @@ CC-CEDICT are CC-BY-SA 4.0, a share-alike licence: if these weights are an adapt
 conservative reading, taken here), they are shared under CC-BY-SA 4.0 too, with the attributions above — you may
 use, change and redistribute them, commercially too, provided you credit the sources and license what you derive
 from the weights under the same terms. (The project's code is separately licensed; this note covers the weights.)
+{software_licence}
 
 ## Architecture and size
 The original post-norm Transformer encoder-decoder as Marian shapes it: d_model {config["d_model"]},
@@ -272,8 +299,8 @@ weights (greedy BLEU on dev: {json.dumps(summary["candidates"])}).
 
 ## Quality
 Beam 4; sacrebleu BLEU (tokenize "{tokenize}") / chrF, multi-reference where a source has several translations;
-`python -m bench.quality --baseline-from bench/results/quality-tatoeba-models.json` (bench/results/quality.json).
-"before": the previous shipped model, trained on Tatoeba alone. OPUS-MT: the best public model's published BLEU.
+`{quality_command}` (bench/results/quality.json).
+"before": {before_model}. OPUS-MT: the best public model's published BLEU.
 
 | set | sources | this model | before | OPUS-MT BLEU |
 |---|---|---|---|---|
@@ -283,7 +310,7 @@ Beam 4; sacrebleu BLEU (tokenize "{tokenize}") / chrF, multi-reference where a s
 Short everyday sentences (phrasebook and HSK-style: shopping, transport, health, work, feelings) are what it
 knows. Expect poor output for long, technical or domain-specific text (news, medical, legal: see the TICO-19 and
 FLORES-200 rows), names it has not seen, and anything beyond one sentence; every answer's `trust` says how far to
-believe it. For news or medical text serve an OPUS-MT model (docs/models-and-training.md).
+believe it.{software_limit} For news or medical text serve an OPUS-MT model (docs/models-and-training.md).
 """
 
 
@@ -300,6 +327,11 @@ def everyday_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trust")
     parser.add_argument("--lineage", default="")
     parser.add_argument("--judged", help="scripts/everyday_judged.json: everyday sentences judged by hand")
+    parser.add_argument("--continues", help="the card of the model this stage continued: its stages are kept")
+    parser.add_argument("--before", default="the previous shipped model, trained on Tatoeba alone",
+                        help="what the quality table's `before` column is")
+    parser.add_argument("--quality-command", default="python -m bench.quality --baseline-from "
+                        "bench/results/quality-tatoeba-models.json", help="the command that wrote --quality")
     args = parser.parse_args(argv)
     stages = [
         (c, json.loads((Path(w) / "summary.json").read_text())) for c, w in zip(args.command, args.work, strict=True)
@@ -308,6 +340,8 @@ def everyday_main(argv: list[str] | None = None) -> None:
     card = everyday_card(
         Path(args.model), args.source, args.target, stages, load(args.recipe), load(args.quality),
         load(args.alignment), load(args.trust), args.lineage, load(args.judged),
+        earlier_training(Path(args.continues).read_text(encoding="utf-8")) if args.continues else "", args.before,
+        args.quality_command,
     )  # fmt: skip
     (Path(args.model) / "README.md").write_text(card, encoding="utf-8")
 
